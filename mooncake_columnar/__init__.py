@@ -1,0 +1,1 @@
+"""mooncake-columnar: a columnar object-metadata engine for a Mooncake Store master."""

@@ -1,0 +1,170 @@
+"""Error codes (upstream ``mooncake-store/include/types.h`` names and numbers) and exceptions.
+
+Single-key calls raise the exception of the code; batch calls return an int32 code array.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    OK = 0
+    INTERNAL_ERROR = -1
+    BUFFER_OVERFLOW = -10
+    SHARD_INDEX_OUT_OF_RANGE = -100
+    SEGMENT_NOT_FOUND = -101
+    SEGMENT_ALREADY_EXISTS = -102
+    CLIENT_NOT_FOUND = -103
+    NO_AVAILABLE_HANDLE = -200
+    INVALID_VERSION = -300
+    INVALID_KEY = -400
+    WRITE_FAIL = -500
+    INVALID_PARAMS = -600
+    ILLEGAL_CLIENT = -601
+    INVALID_WRITE = -700
+    INVALID_READ = -701
+    INVALID_REPLICA = -702
+    REPLICA_IS_NOT_READY = -703
+    OBJECT_NOT_FOUND = -704
+    OBJECT_ALREADY_EXISTS = -705
+    OBJECT_HAS_LEASE = -706
+    LEASE_EXPIRED = -707
+    OBJECT_HAS_REPLICATION_TASK = -708
+    OBJECT_NO_REPLICATION_TASK = -709
+    REPLICA_NOT_FOUND = -710
+    REPLICA_ALREADY_EXISTS = -711
+    REPLICA_IS_GONE = -712
+    REPLICA_NOT_IN_LOCAL_MEMORY = -713
+    OBJECT_REPLICA_BUSY = -714
+    TRANSFER_FAIL = -800
+    CHECKSUM_MISMATCH = -801
+    RPC_FAIL = -900
+    RPC_TIMEOUT = -901
+    ETCD_OPERATION_ERROR = -1000
+    ETCD_KEY_NOT_EXIST = -1001
+    ETCD_TRANSACTION_FAIL = -1002
+    ETCD_CTX_CANCELLED = -1003
+    OPLOG_ENTRY_NOT_FOUND = -1004
+    INCOMPLETE_OPLOG_CATCH_UP = -1007
+    UNAVAILABLE_IN_CURRENT_STATUS = -1010
+    UNAVAILABLE_IN_CURRENT_MODE = -1011
+    NOT_SUPPORTED = -1012
+    FILE_NOT_FOUND = -1100
+    SERIALIZE_UNSUPPORTED = -1500
+    SERIALIZE_FAIL = -1501
+    DESERIALIZE_FAIL = -1502
+    PERSISTENT_FAIL = -1503
+    TENANT_QUOTA_EXCEEDED = -1700
+    TENANT_NOT_REGISTERED = -1701
+    TENANT_NOT_EMPTY = -1702
+
+
+class MooncakeError(Exception):
+    """Base of every error this library raises on purpose; ``code`` is the upstream ErrorCode."""
+
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str = "", *, code: ErrorCode | None = None):
+        if code is not None:
+            self.code = code
+        super().__init__(f"{self.code.name}: {message}" if message else self.code.name)
+
+
+class InternalError(MooncakeError):
+    code = ErrorCode.INTERNAL_ERROR
+
+
+class InvalidParams(MooncakeError, ValueError):
+    code = ErrorCode.INVALID_PARAMS
+
+
+class IllegalClient(MooncakeError):
+    code = ErrorCode.ILLEGAL_CLIENT
+
+
+ILLEGAL_CLIENT = IllegalClient  # the issue's spelling of the name
+
+
+class InvalidWrite(MooncakeError):
+    code = ErrorCode.INVALID_WRITE
+
+
+class ReplicaNotReady(MooncakeError):
+    code = ErrorCode.REPLICA_IS_NOT_READY
+
+
+class ObjectNotFound(MooncakeError, KeyError):
+    code = ErrorCode.OBJECT_NOT_FOUND
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return Exception.__str__(self)
+
+
+class ObjectAlreadyExists(MooncakeError):
+    code = ErrorCode.OBJECT_ALREADY_EXISTS
+
+
+class ObjectHasLease(MooncakeError):
+    code = ErrorCode.OBJECT_HAS_LEASE
+
+
+class ObjectReplicaBusy(MooncakeError):
+    code = ErrorCode.OBJECT_REPLICA_BUSY
+
+
+class NoAvailableHandle(MooncakeError):
+    code = ErrorCode.NO_AVAILABLE_HANDLE
+
+
+class SegmentNotFound(MooncakeError):
+    code = ErrorCode.SEGMENT_NOT_FOUND
+
+
+class SegmentAlreadyExists(MooncakeError):
+    code = ErrorCode.SEGMENT_ALREADY_EXISTS
+
+
+class ClientNotFound(MooncakeError):
+    code = ErrorCode.CLIENT_NOT_FOUND
+
+
+class UnavailableInCurrentStatus(MooncakeError):
+    code = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
+
+
+class TenantQuotaExceeded(MooncakeError):
+    code = ErrorCode.TENANT_QUOTA_EXCEEDED
+
+
+class TenantNotRegistered(MooncakeError):
+    code = ErrorCode.TENANT_NOT_REGISTERED
+
+
+class DeserializeFail(MooncakeError):
+    code = ErrorCode.DESERIALIZE_FAIL
+
+
+class SerializeFail(MooncakeError):
+    code = ErrorCode.SERIALIZE_FAIL
+
+
+class InvalidConfig(InvalidParams):
+    """A MasterConfig field is out of range; ``field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"config field {field!r}: {message}")
+
+
+_BY_CODE: dict[int, type[MooncakeError]] = {}
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, MooncakeError) and _cls not in (MooncakeError, InvalidConfig):
+        _BY_CODE.setdefault(int(_cls.code), _cls)
+
+
+def error_for_code(code: int, message: str = "") -> MooncakeError:
+    """The exception instance for a batch result code (used to raise from single-key wrappers)."""
+    cls = _BY_CODE.get(int(code))
+    if cls is None:
+        return MooncakeError(message, code=ErrorCode(int(code)))
+    return cls(message)

@@ -1,0 +1,139 @@
+"""Column dtypes, flag bits, sentinels, enums and Arrow schemas: defined once, used everywhere."""
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+import pyarrow as pa
+
+# ---- sentinels -----------------------------------------------------------------------------------
+NEVER_LEASED = np.int64(-(2**63))  # lease deadline that is always expired
+NO_DEADLINE = np.int64(-(2**63))   # soft-pin deadline of an object with no active interval
+INT64_MAX = np.int64(2**63 - 1)
+EMPTY_CODE = -1                    # dictionary code meaning "none" (no group, empty slot)
+
+# ---- object flag bits (uint8) --------------------------------------------------------------------
+FLAG_LIVE = np.uint8(1)               # row holds an object
+FLAG_HARD_PINNED = np.uint8(2)        # immutable; never evicted
+FLAG_SOFT_PIN_ENABLED = np.uint8(4)   # participates in soft-pin policy (stays set after expiry)
+FLAG_GROUPED = np.uint8(8)            # member of a group (group column valid)
+FLAG_PROCESSING = np.uint8(16)        # in upstream's processing_keys: some replica still PROCESSING
+FLAG_PENDING_SOFT_PIN = np.uint8(32)  # ENABLE action awaiting first readable put_end; while set,
+                                      # soft_pin_deadline_ns holds the requested TTL in ns
+FLAG_GROUP_REFRESH = np.uint8(64)     # group awaits a lease refresh (new member registered)
+
+# ---- replicas ------------------------------------------------------------------------------------
+
+
+class ReplicaStatus(IntEnum):
+    UNDEFINED = 0   # also: empty replica slot
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class ReplicaKind(IntEnum):
+    MEMORY = 0
+    DISK = 1
+    LOCAL_DISK = 2
+    NOF_SSD = 3
+
+
+class ObjectDataType(IntEnum):
+    UNKNOWN = 0
+    KVCACHE = 1
+    TENSOR = 2
+    WEIGHT = 3
+    SAMPLE = 4
+    ACTIVATION = 5
+    GRADIENT = 6
+    OPTIMIZER_STATE = 7
+    METADATA = 8
+    GENERAL = 9
+
+
+class SoftPinAction(IntEnum):
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+class PingStatus(IntEnum):
+    OK = 0
+    NEED_REMOUNT = 1
+
+
+ST_PROCESSING = np.uint8(ReplicaStatus.PROCESSING)
+ST_COMPLETE = np.uint8(ReplicaStatus.COMPLETE)
+ST_REMOVED = np.uint8(ReplicaStatus.REMOVED)
+ST_EMPTY = np.uint8(ReplicaStatus.UNDEFINED)
+KIND_MEMORY = np.uint8(ReplicaKind.MEMORY)
+KIND_LOCAL_DISK = np.uint8(ReplicaKind.LOCAL_DISK)
+
+# ---- column dtypes -------------------------------------------------------------------------------
+OBJECT_COLUMNS: dict[str, np.dtype] = {
+    "lease_deadline_ns": np.dtype(np.int64),
+    "soft_pin_deadline_ns": np.dtype(np.int64),
+    "size_bytes": np.dtype(np.int64),
+    "put_start_time_ms": np.dtype(np.int64),   # system clock (RFC non-goal 7)
+    "key_offset": np.dtype(np.int64),          # into the key arena
+    "tenant": np.dtype(np.int32),
+    "client": np.dtype(np.int32),
+    "group": np.dtype(np.int32),
+    "group_next": np.dtype(np.int32),          # circular list of group members (self when alone)
+    "key_length": np.dtype(np.uint16),
+    "flags": np.dtype(np.uint8),
+    "data_type": np.dtype(np.uint8),
+}
+
+# Replica slot columns, shape (capacity, R): slot r of object row i.
+REPLICA_COLUMNS: dict[str, np.dtype] = {
+    "replica_offset": np.dtype(np.int64),   # byte offset inside the segment
+    "replica_id": np.dtype(np.uint64),
+    "replica_segment": np.dtype(np.int32),  # segment code (MEMORY) or client code (LOCAL_DISK)
+    "replica_refcnt": np.dtype(np.uint16),
+    "replica_kind": np.dtype(np.uint8),
+    "replica_status": np.dtype(np.uint8),   # 0 = empty slot
+}
+
+MAX_KEY_BYTES = 65_535
+
+# ---- Arrow schemas -------------------------------------------------------------------------------
+OBJECTS_ARROW_SCHEMA = pa.schema([
+    pa.field("tenant", pa.string(), nullable=False),
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("client", pa.string(), nullable=False),
+    pa.field("size_bytes", pa.int64(), nullable=False),
+    pa.field("data_type", pa.uint8(), nullable=False),
+    pa.field("group", pa.string(), nullable=False),
+    pa.field("hard_pinned", pa.bool_(), nullable=False),
+    pa.field("soft_pin_enabled", pa.bool_(), nullable=False),
+    pa.field("lease_deadline_ns", pa.int64(), nullable=False),
+    pa.field("soft_pin_deadline_ns", pa.int64(), nullable=False),
+    pa.field("put_start_time_ms", pa.int64(), nullable=False),
+    pa.field("processing", pa.bool_(), nullable=False),
+    pa.field("replica_count", pa.int32(), nullable=False),
+])
+
+REPLICAS_ARROW_SCHEMA = pa.schema([
+    pa.field("object_index", pa.int64(), nullable=False),  # position in the objects table
+    pa.field("replica_id", pa.uint64(), nullable=False),
+    pa.field("kind", pa.uint8(), nullable=False),
+    pa.field("status", pa.uint8(), nullable=False),
+    pa.field("segment", pa.string(), nullable=False),       # segment name ("" for non-memory)
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("size", pa.int64(), nullable=False),
+    pa.field("readable", pa.bool_(), nullable=False),
+])
+
+SEGMENTS_ARROW_SCHEMA = pa.schema([
+    pa.field("name", pa.string(), nullable=False),
+    pa.field("endpoint", pa.string(), nullable=False),
+    pa.field("client", pa.string(), nullable=False),
+    pa.field("base", pa.uint64(), nullable=False),
+    pa.field("size", pa.int64(), nullable=False),
+    pa.field("used", pa.int64(), nullable=False),
+    pa.field("readable", pa.bool_(), nullable=False),
+])
