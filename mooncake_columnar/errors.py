@@ -168,3 +168,106 @@ def error_for_code(code: int, message: str = "") -> MooncakeError:
     if cls is None:
         return MooncakeError(message, code=ErrorCode(int(code)))
     return cls(message)
+
+
+# --- HA oplog (ha/oplog.py, ha/stores.py, ha/writer.py) ---------------------------------------
+
+
+class OpLogError(MooncakeError):
+    """Base of the oplog codec, store and writer errors."""
+
+    code = ErrorCode.INTERNAL_ERROR
+
+
+class OpLogCorrupt(OpLogError):
+    """An encoded batch or stored record does not decode; ``field`` names the offending part."""
+
+    code = ErrorCode.DESERIALIZE_FAIL
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class OpLogChecksumError(OpLogCorrupt):
+    code = ErrorCode.CHECKSUM_MISMATCH
+
+
+class OpLogGap(OpLogError):
+    """Sequence ids are not contiguous (an append that skips ids, or a read with missing history)."""
+
+    code = ErrorCode.INCOMPLETE_OPLOG_CATCH_UP
+
+
+class OpLogConflict(OpLogError):
+    """The durable-prefix compare-and-swap was lost: another write already advanced the prefix."""
+
+    code = ErrorCode.ETCD_TRANSACTION_FAIL
+
+
+class FencedWrite(OpLogConflict):
+    """The store's producer view is newer than the writer's: this writer has been deposed."""
+
+
+class OpLogStoreUnavailable(OpLogError):
+    """The store could not be reached or answered an error; the write may be retried."""
+
+    code = ErrorCode.ETCD_OPERATION_ERROR
+
+
+class WindowFull(OpLogError):
+    """Backpressure: reserved-but-not-durable oplog entries would exceed the writer's window.
+
+    Upstream answers TASK_PENDING_LIMIT_EXCEEDED, which this ErrorCode table does not carry.
+    """
+
+    code = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
+
+
+# --- complete MasterService snapshots (snapshots/) ----------------------------------------------
+
+
+class SnapshotError(DeserializeFail):
+    """A complete-snapshot candidate cannot be used; the whole candidate fails (RFC Phase 3)."""
+
+
+class ManifestError(SnapshotError):
+    """manifest.txt is malformed, has an unknown tag/version, or a bad clock field."""
+
+
+class ClockConversionError(SnapshotError):
+    """Checked int64 arithmetic overflowed while mapping deadlines between clock domains."""
+
+
+class SnapshotSchemaError(SnapshotError):
+    """An Arrow payload's schema differs from the expected one, or a column holds nulls."""
+
+
+class SnapshotIntegrityError(SnapshotError):
+    """Snapshot tables are inconsistent (dangling indexes, unknown segments, overlapping extents...)."""
+
+
+class SnapshotDigestError(SnapshotError):
+    """A payload is missing, truncated, or its size/sha256 differs from digest.json."""
+
+
+class SnapshotPayloadError(SnapshotError):
+    """A payload does not decode (bad Arrow IPC, msgpack, zstd or an unsupported v1 field)."""
+
+
+class NoUsableSnapshot(SnapshotError):
+    """No candidate restored; ``stats`` records what was tried."""
+
+    def __init__(self, message: str, stats: object = None):
+        self.stats = stats
+        super().__init__(message)
+
+
+class SnapshotPublishError(MooncakeError):
+    """Uploading a snapshot failed; ``failed`` names every file that did not upload."""
+
+    code = ErrorCode.PERSISTENT_FAIL
+
+    def __init__(self, message: str, failed: tuple[str, ...] = ()):
+        self.failed = failed
+        super().__init__(message)

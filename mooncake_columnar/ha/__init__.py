@@ -1,0 +1,1 @@
+"""High availability: the oplog wire model, its durable stores and the ordered writer."""
