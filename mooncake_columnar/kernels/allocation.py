@@ -1,0 +1,109 @@
+"""Offset allocation over sorted free extents (first fit), one extent list per segment.
+
+Extents of segment s live in ``starts[s][:counts[s]]`` / ``lengths[s][:counts[s]]`` sorted by
+start and never adjacent (frees coalesce). ``starts``/``lengths`` are numba typed Lists so one
+kernel can place a whole batch across segments.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def alloc_first_fit(starts, lengths, counts, s, size):
+    """Allocate ``size`` bytes on segment ``s``; returns the offset or -1."""
+    st = starts[s]
+    ln = lengths[s]
+    n = counts[s]
+    for i in range(n):
+        if ln[i] >= size:
+            off = st[i]
+            if ln[i] == size:
+                st[i:n - 1] = st[i + 1:n].copy()
+                ln[i:n - 1] = ln[i + 1:n].copy()
+                counts[s] = n - 1
+            else:
+                st[i] += size
+                ln[i] -= size
+            return off
+    return -1
+
+
+@njit(cache=True)
+def free_extent(starts, lengths, counts, s, offset, size):
+    """Return [offset, offset+size) to segment ``s``, coalescing neighbours. False on overlap."""
+    st = starts[s]
+    ln = lengths[s]
+    n = counts[s]
+    pos = np.searchsorted(st[:n], offset)
+    if pos > 0 and st[pos - 1] + ln[pos - 1] > offset:
+        return False
+    if pos < n and offset + size > st[pos]:
+        return False
+    merge_prev = pos > 0 and st[pos - 1] + ln[pos - 1] == offset
+    merge_next = pos < n and offset + size == st[pos]
+    if merge_prev and merge_next:
+        ln[pos - 1] += size + ln[pos]
+        st[pos:n - 1] = st[pos + 1:n].copy()
+        ln[pos:n - 1] = ln[pos + 1:n].copy()
+        counts[s] = n - 1
+    elif merge_prev:
+        ln[pos - 1] += size
+    elif merge_next:
+        st[pos] = offset
+        ln[pos] += size
+    else:
+        if n == st.shape[0]:
+            grown_st = np.empty(max(8, 2 * n), np.int64)
+            grown_ln = np.empty(max(8, 2 * n), np.int64)
+            grown_st[:n] = st[:n]
+            grown_ln[:n] = ln[:n]
+            starts[s] = grown_st
+            lengths[s] = grown_ln
+            st = grown_st
+            ln = grown_ln
+        st[pos + 1:n + 1] = st[pos:n].copy()
+        ln[pos + 1:n + 1] = ln[pos:n].copy()
+        st[pos] = offset
+        ln[pos] = size
+        counts[s] = n + 1
+    return True
+
+
+@njit(cache=True)
+def free_extent_list(segs, offsets, sizes, starts, lengths, counts, used):
+    """Free many extents; returns how many were rejected as overlapping (double frees)."""
+    bad = 0
+    for i in range(segs.shape[0]):
+        s = segs[i]
+        if free_extent(starts, lengths, counts, s, offsets[i], sizes[i]):
+            used[s] -= sizes[i]
+        else:
+            bad += 1
+    return bad
+
+
+def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.ndarray):
+    """Vectorized rebuild: the gaps between occupied extents become free space.
+
+    Returns (starts, lengths) or raises ValueError naming the first overlap / out-of-range extent.
+    """
+    offsets = np.asarray(offsets, np.int64)
+    sizes = np.asarray(sizes, np.int64)
+    order = np.argsort(offsets, kind="stable")
+    o = offsets[order]
+    z = sizes[order]
+    ends = o + z
+    bad = (o < 0) | (z <= 0) | (ends > capacity)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"extent [{o[i]}, {ends[i]}) outside segment capacity {capacity}")
+    overlap = o[1:] < ends[:-1]
+    if overlap.any():
+        i = int(np.flatnonzero(overlap)[0])
+        raise ValueError(f"extents [{o[i]}, {ends[i]}) and [{o[i + 1]}, {ends[i + 1]}) overlap")
+    gap_starts = np.concatenate(([0], ends))
+    gap_ends = np.concatenate((o, [capacity]))
+    keep = gap_ends > gap_starts
+    return gap_starts[keep], (gap_ends - gap_starts)[keep]

@@ -1,0 +1,79 @@
+"""Lease grants with max-update semantics: a grant never shortens a deadline (RFC Phase 2)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..schema import FLAG_GROUPED, FLAG_GROUP_REFRESH
+from .predicates import lease_expired
+
+_GROUPED = int(FLAG_GROUPED)
+_REFRESH = int(FLAG_GROUP_REFRESH)
+
+
+@njit(inline="always", cache=True)
+def grant_until(deadlines, row, deadline):
+    """GrantLeaseUntil: deadlines[row] = max(deadlines[row], deadline)."""
+    if deadline > deadlines[row]:
+        deadlines[row] = deadline
+
+
+@njit(inline="always", cache=True)
+def grant(deadlines, row, now, ttl_ns):
+    """GrantLease(ttl): max-update to now + ttl."""
+    grant_until(deadlines, row, now + ttl_ns)
+
+
+@njit(inline="always", cache=True)
+def needs_read_lease_refresh(lease_deadline, now, ttl_ns):
+    """Upstream NeedsReadLeaseRefresh: less than half the TTL left."""
+    return lease_deadline <= now + ttl_ns // 2
+
+
+@njit(cache=True)
+def grant_read_lease(row, now, ttl_ns, lease, flags, group_next):
+    """Read lease with upstream's group rule.
+
+    Ungrouped: grant ttl. Grouped: only when < ttl/2 remains or the group awaits a refresh,
+    and then every member of the group gets the same deadline (one ``now``).
+    """
+    f = flags[row]
+    if (f & _GROUPED) == 0:
+        grant(lease, row, now, ttl_ns)
+        return
+    if not needs_read_lease_refresh(lease[row], now, ttl_ns) and (f & _REFRESH) == 0:
+        return
+    deadline = now + ttl_ns
+    r = row
+    while True:
+        grant_until(lease, r, deadline)
+        flags[r] = flags[r] & ~np.uint8(_REFRESH)
+        r = group_next[r]
+        if r == row:
+            break
+
+
+@njit(cache=True)
+def grant_until_masked(deadlines, mask, deadline):
+    """Masked max-update of many rows to one deadline (remount recovery, batch reads)."""
+    for i in range(deadlines.shape[0]):
+        if mask[i] and deadline > deadlines[i]:
+            deadlines[i] = deadline
+
+
+@njit(cache=True)
+def grant_rows(deadlines, rows, deadline):
+    """Max-update the listed rows to one deadline (negative rows are skipped)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r >= 0 and deadline > deadlines[r]:
+            deadlines[r] = deadline
+
+
+@njit(cache=True)
+def count_unexpired(deadlines, rows, now):
+    n = 0
+    for i in range(rows.shape[0]):
+        if not lease_expired(deadlines[rows[i]], now):
+            n += 1
+    return n

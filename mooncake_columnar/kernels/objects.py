@@ -1,0 +1,318 @@
+"""Per-batch object kernels: placement + insertion of new puts, put completion, read classification.
+
+Each kernel walks its batch sequentially so that duplicates inside one batch behave exactly as
+the same calls made one after another.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING,
+                      FLAG_SOFT_PIN_ENABLED, INT64_MAX, KIND_MEMORY, ST_COMPLETE, ST_PROCESSING)
+from . import allocation as ak
+from . import hashing as hk
+from .leases import grant_read_lease, grant_until
+from .predicates import is_readable_replica, lease_expired, slot_in_use, slot_is_complete, slot_is_processing, slot_is_removed
+
+OK = 0
+NOT_FOUND = -704
+ALREADY_EXISTS = -705
+NOT_READY = -703
+NO_HANDLE = -200
+ILLEGAL_CLIENT = -601
+INVALID_WRITE = -700
+HAS_LEASE = -706
+
+_LIVE = int(FLAG_LIVE)
+_PROCESSING_FLAG = int(FLAG_PROCESSING)
+_PENDING = int(FLAG_PENDING_SOFT_PIN)
+_SOFT = int(FLAG_SOFT_PIN_ENABLED)
+_GROUPED = int(FLAG_GROUPED)
+_REFRESH = int(FLAG_GROUP_REFRESH)
+_MEM = int(KIND_MEMORY)
+_ST_PROC = int(ST_PROCESSING)
+_ST_DONE = int(ST_COMPLETE)
+_I64_MAX = int(INT64_MAX)
+
+
+@njit(cache=True)
+def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts, lengths, counts,
+               out_seg, out_off):
+    """Allocate up to replica_num replicas on distinct segments: preferred first, then most free."""
+    nseg = allocatable.shape[0]
+    tried = np.zeros(nseg, np.bool_)
+    placed = 0
+    for p in range(preferred.shape[0]):
+        s = preferred[p]
+        if placed == replica_num:
+            break
+        if s < 0 or tried[s] or not allocatable[s]:
+            continue
+        tried[s] = True
+        off = ak.alloc_first_fit(starts, lengths, counts, s, size)
+        if off >= 0:
+            used[s] += size
+            out_seg[placed] = s
+            out_off[placed] = off
+            placed += 1
+    while placed < replica_num:
+        best = -1
+        best_free = -1
+        for s in range(nseg):
+            if allocatable[s] and not tried[s]:
+                free = capacity[s] - used[s]
+                if free >= size and free > best_free:
+                    best = s
+                    best_free = free
+        if best < 0:
+            break
+        tried[best] = True
+        off = ak.alloc_first_fit(starts, lengths, counts, best, size)
+        if off >= 0:
+            used[best] += size
+            out_seg[placed] = best
+            out_off[placed] = off
+            placed += 1
+    return placed
+
+
+@njit(cache=True)
+def insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
+                    table, arena, arena_used, key_offset, key_length, row_tenant,
+                    allocatable, capacity, used, starts, lengths, counts,
+                    rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
+                    codes, out_rows):
+    """Create objects for batch keys ``picks`` (absent when the batch started).
+
+    Takes rows from ``free_rows`` in order; writes codes/out_rows per key. Returns
+    (rows used, new arena size, next replica id, tombstones reused).
+    """
+    seg_buf = np.empty(replica_num, np.int64)
+    off_buf = np.empty(replica_num, np.int64)
+    used_rows = 0
+    reused = 0
+    for i in range(picks.shape[0]):
+        k = picks[i]
+        s = offsets[k]
+        ln = offsets[k + 1] - s
+        h = hk.hash_key(data, s, ln, tenant)
+        if hk.find_row(table, arena, key_offset, key_length, row_tenant, data, s, ln, tenant, h) >= 0:
+            codes[k] = ALREADY_EXISTS  # an earlier key of this batch created it
+            continue
+        placed = _place_one(sizes[k], replica_num, preferred, allocatable, capacity, used,
+                            starts, lengths, counts, seg_buf, off_buf)
+        if placed == 0:
+            codes[k] = NO_HANDLE
+            continue
+        row = free_rows[used_rows]
+        used_rows += 1
+        for j in range(placed):
+            rep_seg[row, j] = seg_buf[j]
+            rep_off[row, j] = off_buf[j]
+            rep_status[row, j] = _ST_PROC
+            rep_kind[row, j] = _MEM
+            rep_id[row, j] = next_replica_id
+            next_replica_id += 1
+        arena[arena_used:arena_used + ln] = data[s:s + ln]
+        key_offset[row] = arena_used
+        key_length[row] = ln
+        row_tenant[row] = tenant
+        arena_used += ln
+        if hk.insert_row(table, row, h):
+            reused += 1
+        codes[k] = OK
+        out_rows[k] = row
+    return used_rows, arena_used, next_replica_id, reused
+
+
+@njit(cache=True)
+def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadline, rep_status):
+    """put_end for many rows: PROCESSING -> COMPLETE, lease = max(lease, now), soft-pin commit.
+
+    Returns the number of replicas completed. ``codes`` is pre-filled (NOT_FOUND where row < 0).
+    """
+    done = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r < 0:
+            continue
+        if client_col[r] != client:
+            codes[i] = ILLEGAL_CLIENT
+            continue
+        f = flags[r]
+        if (f & _PROCESSING_FLAG) == 0:
+            all_complete = True
+            for j in range(rep_status.shape[1]):
+                st = rep_status[r, j]
+                if slot_in_use(st) and not slot_is_complete(st):
+                    all_complete = False
+            codes[i] = OK if all_complete else INVALID_WRITE
+            continue
+        had_complete = False
+        completed = 0
+        for j in range(rep_status.shape[1]):
+            st = rep_status[r, j]
+            if slot_is_complete(st):
+                had_complete = True
+            elif slot_is_processing(st):
+                rep_status[r, j] = _ST_DONE
+                completed += 1
+        done += completed
+        if (f & _PENDING) != 0 and not had_complete and completed > 0:
+            ttl = soft_deadline[r]
+            soft_deadline[r] = _I64_MAX if now > _I64_MAX - ttl else now + ttl  # saturating
+            f = (f | _SOFT) & ~_PENDING
+        flags[r] = f & ~_PROCESSING_FLAG
+        grant_until(lease, r, now)
+        codes[i] = OK
+    return done
+
+
+@njit(cache=True)
+def classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
+                   rep_status, rep_kind, rep_seg, seg_readable):
+    """get/exist: OK (lease granted), NOT_FOUND, or NOT_READY per row, one ``now`` for all."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r < 0:
+            codes[i] = NOT_FOUND
+            continue
+        readable = False
+        all_removed = True
+        for j in range(rep_status.shape[1]):
+            st = rep_status[r, j]
+            if not slot_in_use(st):
+                continue
+            if not slot_is_removed(st):
+                all_removed = False
+            if is_readable_replica(st, rep_kind[r, j], rep_seg[r, j], seg_readable):
+                readable = True
+        if readable:
+            grant_read_lease(r, now, ttl_ns, lease, flags, group_next)
+            codes[i] = OK
+        else:
+            codes[i] = NOT_FOUND if all_removed else NOT_READY
+
+
+@njit(cache=True)
+def find_and_classify_read(table, arena, key_offset, key_length, row_tenant, key, tenant, now, ttl_ns,
+                           flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable):
+    """Single-key fast path of get_replica_list: (code, row) with the lease granted on OK."""
+    h = hk.hash_key(key, 0, key.shape[0], tenant)
+    r = hk.find_row(table, arena, key_offset, key_length, row_tenant, key, 0, key.shape[0], tenant, h)
+    rows = np.empty(1, np.int64)
+    rows[0] = r
+    codes = np.empty(1, np.int32)
+    classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+                   seg_readable)
+    return codes[0], r
+
+
+@njit(cache=True)
+def readable_slots(rows, codes, rep_status, rep_kind, rep_seg, seg_readable):
+    """(batch index, row, slot) of every readable replica of the rows whose code is OK."""
+    n = 0
+    for i in range(rows.shape[0]):
+        if codes[i] == OK:
+            r = rows[i]
+            for j in range(rep_status.shape[1]):
+                if is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable):
+                    n += 1
+    out_i = np.empty(n, np.int64)
+    out_r = np.empty(n, np.int64)
+    out_j = np.empty(n, np.int64)
+    k = 0
+    for i in range(rows.shape[0]):
+        if codes[i] == OK:
+            r = rows[i]
+            for j in range(rep_status.shape[1]):
+                if is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable):
+                    out_i[k] = i
+                    out_r[k] = r
+                    out_j[k] = j
+                    k += 1
+    return out_i, out_r, out_j
+
+
+@njit(cache=True)
+def link_group_members(rows, gcode, group_head, group_next, group_col, flags):
+    """Add new rows to group ``gcode``'s circular member list and mark the group for refresh."""
+    head = group_head[gcode]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        group_col[r] = gcode
+        flags[r] |= np.uint8(_GROUPED)
+        if head < 0:
+            head = r
+            group_next[r] = r
+        else:
+            group_next[r] = group_next[head]
+            group_next[head] = r
+    group_head[gcode] = head
+    r = head
+    while True:  # upstream: a new member puts the group in groups_needing_lease_refresh_
+        flags[r] |= np.uint8(_REFRESH)
+        r = group_next[r]
+        if r == head:
+            break
+
+
+@njit(cache=True)
+def unlink_group_members(rows, group_head, group_next, group_col, flags):
+    """Remove rows from their group's circular member list, keeping group_head on a member."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if (flags[r] & _GROUPED) == 0:
+            continue
+        g = group_col[r]
+        p = r
+        while group_next[p] != r:
+            p = group_next[p]
+        group_next[p] = group_next[r]
+        group_next[r] = r
+        if group_head[g] == r:
+            group_head[g] = p if p != r else -1
+
+
+@njit(cache=True)
+def classify_removals(rows, now, force, lease, rep_status, codes):
+    """remove/batch_remove/remove_all: OBJECT_HAS_LEASE unless force; NOT_READY while incomplete."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r < 0:
+            codes[i] = NOT_FOUND
+            continue
+        if not force and not lease_expired(lease[r], now):
+            codes[i] = HAS_LEASE
+            continue
+        codes[i] = OK
+        for j in range(rep_status.shape[1]):
+            st = rep_status[r, j]
+            if slot_in_use(st) and not slot_is_complete(st):
+                codes[i] = NOT_READY
+
+
+@njit(cache=True)
+def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind):
+    """Unmount: clear every memory replica slot on segment ``code``; returns rows left with none."""
+    out = np.empty(rows_hw, np.int64)
+    n = 0
+    for r in range(rows_hw):
+        if (flags[r] & _LIVE) == 0:
+            continue
+        touched = False
+        remaining = 0
+        for j in range(rep_status.shape[1]):
+            if not slot_in_use(rep_status[r, j]):
+                continue
+            if rep_kind[r, j] == _MEM and rep_seg[r, j] == code:
+                rep_status[r, j] = 0
+                rep_seg[r, j] = -1
+                touched = True
+            else:
+                remaining += 1
+        if touched and remaining == 0:
+            out[n] = r
+            n += 1
+    return out[:n]

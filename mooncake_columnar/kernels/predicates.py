@@ -1,0 +1,104 @@
+"""The ONE definition of readability, lease expiry, soft-pin activity and memory-evictability.
+
+Every path that decides readability or eviction (reads, census, re-validation, mutation, oplog
+remaining-descriptor prediction, offload source choice, tenant quota eviction, group members)
+calls these functions; nothing else tests the flag bits or compares lease deadlines itself.
+"""
+from __future__ import annotations
+
+from numba import njit
+
+from ..schema import (FLAG_HARD_PINNED, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_COMPLETE,
+                      ST_PROCESSING, ST_REMOVED, ST_EMPTY)
+
+_COMPLETE = int(ST_COMPLETE)
+_PROCESSING = int(ST_PROCESSING)
+_REMOVED = int(ST_REMOVED)
+_EMPTY = int(ST_EMPTY)
+_MEMORY = int(KIND_MEMORY)
+_HARD = int(FLAG_HARD_PINNED)
+_SOFT = int(FLAG_SOFT_PIN_ENABLED)
+
+
+@njit(inline="always", cache=True)
+def is_readable_replica(status, kind, segment, segment_readable):
+    """COMPLETE, and a memory replica's segment is mounted with a valid endpoint."""
+    if status != _COMPLETE:
+        return False
+    if kind == _MEMORY:
+        return segment >= 0 and segment_readable[segment]
+    return True
+
+
+@njit(inline="always", cache=True)
+def is_evictable_memory_replica(status, kind, segment, refcnt, segment_readable):
+    """Memory kind, COMPLETE, readable and not pinned as a copy/offload source. No TTL."""
+    return kind == _MEMORY and refcnt == 0 and is_readable_replica(status, kind, segment, segment_readable)
+
+
+@njit(inline="always", cache=True)
+def slot_in_use(status):
+    return status != _EMPTY
+
+
+@njit(inline="always", cache=True)
+def slot_is_processing(status):
+    return status == _PROCESSING
+
+
+@njit(inline="always", cache=True)
+def slot_is_complete(status):
+    return status == _COMPLETE
+
+
+@njit(inline="always", cache=True)
+def slot_is_removed(status):
+    return status == _REMOVED
+
+
+@njit(inline="always", cache=True)
+def lease_expired(lease_deadline, now):
+    """Upstream IsLeaseExpired: now >= deadline (NEVER_LEASED is always expired)."""
+    return now >= lease_deadline
+
+
+@njit(inline="always", cache=True)
+def soft_pin_active(flags, soft_pin_deadline, now):
+    """Soft pin protects only while enabled AND inside its current interval."""
+    return (flags & _SOFT) != 0 and now < soft_pin_deadline
+
+
+@njit(inline="always", cache=True)
+def is_hard_pinned(flags):
+    return (flags & _HARD) != 0
+
+
+@njit(cache=True)
+def object_has_readable_replica(row, status, kind, segment, segment_readable):
+    for j in range(status.shape[1]):
+        if is_readable_replica(status[row, j], kind[row, j], segment[row, j], segment_readable):
+            return True
+    return False
+
+
+@njit(cache=True)
+def object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable):
+    for j in range(status.shape[1]):
+        if is_evictable_memory_replica(status[row, j], kind[row, j], segment[row, j], refcnt[row, j],
+                                       segment_readable):
+            return True
+    return False
+
+
+@njit(cache=True)
+def is_eviction_candidate(row, now, allow_soft_pinned, flags, lease, soft_deadline,
+                          status, kind, segment, refcnt, segment_readable):
+    """Object-level memory-eviction candidate at the sampled ``now``."""
+    f = flags[row]
+    if is_hard_pinned(f):
+        return False
+    if not lease_expired(lease[row], now):
+        return False
+    if soft_pin_active(f, soft_deadline[row], now) and not allow_soft_pinned:
+        return False
+    return object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable)

@@ -1,0 +1,1 @@
+"""The columnar state: object rows, replica slots, key index, segments. No policy here."""

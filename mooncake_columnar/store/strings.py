@@ -1,0 +1,38 @@
+"""Interned string dictionaries: tenant, client, group, segment names -> int32 codes."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+class StringDictionary:
+    """Append-only str <-> int32 code mapping (the number of distinct strings is small)."""
+
+    def __init__(self) -> None:
+        self._codes: dict[str, int] = {}
+        self._names: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def code(self, name: str) -> int:
+        """The code of ``name``, interning it on first use."""
+        c = self._codes.get(name)
+        if c is None:
+            c = len(self._names)
+            self._codes[name] = c
+            self._names.append(name)
+        return c
+
+    def find(self, name: str) -> int:
+        """The code of ``name`` or -1 if it was never interned."""
+        return self._codes.get(name, -1)
+
+    def name(self, code: int) -> str:
+        return self._names[code]
+
+    def decode(self, codes: np.ndarray) -> pa.Array:
+        """Codes -> a string array (-1 decodes to "")."""
+        names = pa.array(self._names + [""], pa.string())
+        idx = np.where(codes < 0, len(self._names), codes).astype(np.int32)
+        return names.take(pa.array(idx))
