@@ -1,0 +1,152 @@
+"""Complete MasterService snapshots: write v2, restore newest-first with candidate fallback.
+
+Restore (RFC Phase 3): for each candidate, capture (S1, C1) once, parse the manifest, decode,
+validate and convert every deadline into this process's steady domain. Any failure rejects the
+whole candidate (no partial state survives it) and the next older candidate is tried. Cleanup then
+follows "Complete snapshot cleanup": drop replicas that are not COMPLETE and objects left without
+replicas; drop non-hard-pinned objects whose lease and soft pin are both expired at C1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from ..clock import Clocks
+from ..errors import ClockConversionError, ManifestError, NoUsableSnapshot
+from ..schema import ST_COMPLETE
+from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, encode_state
+from .convert import convert_steady_deadlines
+from .manifest import SnapshotManifest, parse_manifest, snapshot_id_for, v2_manifest
+from .mooncake_v1 import V1_FILES, decode_v1
+from .repository import SnapshotRepository
+from .state import SnapshotState, with_usage
+
+log = logging.getLogger(__name__)
+
+# One worker: background snapshots publish in the order they were requested.
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-snapshot")
+
+
+@dataclass
+class RestoreStats:
+    snapshot_id: str | None = None
+    format_version: str | None = None
+    candidates_tried: int = 0
+    fallbacks: int = 0
+    objects_restored: int = 0
+    objects_dropped: int = 0
+    conversion_failures: int = 0
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (snapshot_id, error)
+
+
+def _write(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int,
+           steady_now_ns: int, compression: str | None) -> str:
+    snapshot_id = snapshot_id_for(system_now_ns)
+    manifest = v2_manifest(snapshot_id, system_now_ns, steady_now_ns).encode()
+    repo.publish(snapshot_id, encode_state(state, compression), manifest)
+    return snapshot_id
+
+
+def write_snapshot(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int,
+                   steady_now_ns: int, compression: str | None = None,
+                   background: bool = False) -> str | Future[str]:
+    """Publish ``state`` as a v2 snapshot; the pair (system, steady) must be captured once, with
+    the state frozen. Returns the snapshot id, or a Future of it when ``background``.
+    """
+    if background:
+        return _WRITER.submit(_write, repo, state, system_now_ns, steady_now_ns, compression)
+    return _write(repo, state, system_now_ns, steady_now_ns, compression)
+
+
+def convert_v2_state(state: SnapshotState, manifest: SnapshotManifest, *,
+                     restore_system_ns: int, restore_steady_ns: int) -> SnapshotState:
+    """Map lease and soft-pin deadlines from the snapshot's steady domain into (S1, C1)'s."""
+    if manifest.system_now_ns is None or manifest.steady_now_ns is None:
+        raise ManifestError("v2 manifest without a clock pair")
+    objects = state.objects
+    for name in ("lease_deadline_ns", "soft_pin_deadline_ns"):
+        converted = convert_steady_deadlines(
+            objects.column(name).to_numpy(), snapshot_system_ns=manifest.system_now_ns,
+            snapshot_steady_ns=manifest.steady_now_ns, restore_system_ns=restore_system_ns,
+            restore_steady_ns=restore_steady_ns)
+        objects = objects.set_column(objects.schema.get_field_index(name),
+                                     objects.schema.field(name), pa.array(converted, pa.int64()))
+    return dataclasses.replace(state, objects=objects)
+
+
+def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
+                  ) -> tuple[SnapshotState, int]:
+    """Apply complete-snapshot cleanup at steady time ``now_ns``; returns (state, objects dropped)."""
+    objects, replicas = state.objects, state.replicas
+    n = objects.num_rows
+    rep_keep = replicas.column("status").to_numpy() == ST_COMPLETE
+    obj_index = replicas.column("object_index").to_numpy()
+    complete_count = np.bincount(obj_index[rep_keep], minlength=n)
+    keep = complete_count > 0  # hard pin does not hide unrecoverable in-progress state
+    if drop_expired:
+        lease = objects.column("lease_deadline_ns").to_numpy()
+        soft = objects.column("soft_pin_deadline_ns").to_numpy()
+        hard = objects.column("hard_pinned").to_numpy(zero_copy_only=False)
+        expired = (lease <= now_ns) & (soft <= now_ns)  # upstream: expired when now >= deadline
+        keep &= hard | ~expired
+    new_index = np.cumsum(keep, dtype=np.int64) - 1
+    rep_keep &= keep[obj_index]
+    replicas = replicas.filter(pa.array(rep_keep))
+    replicas = replicas.set_column(
+        0, replicas.schema.field("object_index"),
+        pa.array(new_index[replicas.column("object_index").to_numpy()], pa.int64()))
+    objects = objects.filter(pa.array(keep))
+    for name, values in (("replica_count", pa.array(complete_count[keep].astype(np.int32))),
+                         ("processing", pa.array(np.zeros(objects.num_rows, dtype=bool)))):
+        idx = objects.schema.get_field_index(name)
+        objects = objects.set_column(idx, objects.schema.field(name), values)
+    cleaned = with_usage(dataclasses.replace(state, objects=objects, replicas=replicas))
+    return cleaned, int(n - objects.num_rows)
+
+
+def _restore_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks
+                       ) -> tuple[SnapshotState, SnapshotManifest, int]:
+    """Decode one candidate into the current steady domain; returns (state, manifest, C1)."""
+    restore_system_ns, restore_steady_ns = clocks.system_ns(), clocks.steady_ns()
+    manifest = parse_manifest(repo.read_manifest(snapshot_id))
+    if manifest.snapshot_id != snapshot_id:
+        raise ManifestError(f"manifest names {manifest.snapshot_id}, directory is {snapshot_id}")
+    if manifest.is_v2:
+        payloads = repo.read_payloads(snapshot_id, (*PAYLOAD_FILES, DIGEST_FILE))
+        state = convert_v2_state(decode_state(payloads), manifest,
+                                 restore_system_ns=restore_system_ns,
+                                 restore_steady_ns=restore_steady_ns)
+    else:
+        payloads = repo.read_payloads(snapshot_id, V1_FILES)
+        state = decode_v1(payloads, restore_system_ns=restore_system_ns,
+                          restore_steady_ns=restore_steady_ns)
+    return state, manifest, restore_steady_ns
+
+
+def restore_latest(repo: SnapshotRepository, clocks: Clocks, drop_expired: bool = True
+                   ) -> tuple[SnapshotState, SnapshotManifest, RestoreStats]:
+    """Restore the newest usable candidate, converted into ``clocks``' steady domain.
+
+    Raises :class:`NoUsableSnapshot` (with ``.stats``) when there is no candidate or all fail.
+    """
+    stats = RestoreStats()
+    for snapshot_id in repo.candidates():
+        stats.candidates_tried += 1
+        try:
+            state, manifest, now_ns = _restore_candidate(repo, snapshot_id, clocks)
+        except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)
+            stats.fallbacks += 1
+            stats.conversion_failures += isinstance(e, ClockConversionError)
+            stats.failures.append((snapshot_id, f"{type(e).__name__}: {e}"))
+            log.warning("snapshot candidate %s rejected: %s", snapshot_id, e)
+            continue
+        state, dropped = cleanup_state(state, now_ns, drop_expired)
+        stats.snapshot_id, stats.format_version = snapshot_id, manifest.version
+        stats.objects_restored, stats.objects_dropped = state.objects.num_rows, dropped
+        return state, manifest, stats
+    raise NoUsableSnapshot(f"no usable snapshot among {stats.candidates_tried} candidates", stats)

@@ -1,0 +1,101 @@
+"""Vectorized deadline conversion between clock domains, in checked int64 arithmetic.
+
+Every formula here is a chain of additions of scalars to the deadline array, so each intermediate
+value is monotonic in the deadline: checking the chain at the array's min and max with Python
+ints proves that no element overflows. Only then is the chain evaluated in NumPy int64.
+``INT64_MIN`` (NEVER_LEASED / NO_DEADLINE) is a sentinel, never converted.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
+from ..errors import ClockConversionError
+
+SENTINEL = INT64_MIN
+
+
+def _check_scalar(value: int, name: str) -> int:
+    value = int(value)
+    if value < INT64_MIN or value > INT64_MAX:
+        raise ClockConversionError(f"{name}={value} is outside int64")
+    return value
+
+
+def _check_chain(start: int, steps: Sequence[int], what: str) -> None:
+    """Raise if ``start`` followed by the additions in ``steps`` ever leaves int64."""
+    value = start
+    for step in steps:
+        value += step
+        if value < INT64_MIN or value > INT64_MAX:
+            raise ClockConversionError(f"{what}: int64 overflow converting deadline {start}")
+
+
+def _apply_chain(values: np.ndarray, steps: Sequence[int], what: str) -> np.ndarray:
+    """``values + steps[0] + steps[1] + ...`` with the sentinel kept, overflow rejected."""
+    values = np.asarray(values, dtype=np.int64)
+    live = values != SENTINEL
+    out = values.copy()
+    if not live.any():
+        return out
+    sel = values[live]
+    lo, hi = int(sel.min()), int(sel.max())
+    # Each step's sign decides which end can overflow; checking both ends covers both.
+    _check_chain(lo, steps, what)
+    _check_chain(hi, steps, what)
+    acc = sel
+    for step in steps:
+        acc = acc + np.int64(step)
+    # A converted deadline must never land on the sentinel value itself.
+    if (acc == SENTINEL).any():
+        raise ClockConversionError(f"{what}: a deadline converts onto the INT64_MIN sentinel")
+    out[live] = acc
+    return out
+
+
+def convert_steady_deadlines(deadlines: np.ndarray, *, snapshot_system_ns: int,
+                             snapshot_steady_ns: int, restore_system_ns: int,
+                             restore_steady_ns: int) -> np.ndarray:
+    """v2 mapping: ``remaining = (S0 + (D0 - C0)) - S1; new = C1 + remaining``.
+
+    An expired deadline (remaining <= 0) stays expired: it becomes ``<= C1``; it never gets a TTL.
+    """
+    s0 = _check_scalar(snapshot_system_ns, "S0")
+    c0 = _check_scalar(snapshot_steady_ns, "C0")
+    s1 = _check_scalar(restore_system_ns, "S1")
+    c1 = _check_scalar(restore_steady_ns, "C1")
+    return _apply_chain(deadlines, (-c0, s0, -s1, c1), "v2 steady mapping")
+
+
+def convert_legacy_ms_deadlines(deadlines_ms: np.ndarray, *, restore_system_ns: int,
+                                restore_steady_ns: int) -> np.ndarray:
+    """v1 adapter: ``remaining = D_sys_ms * 1e6 - S1; new = C1 + remaining``; 0 ms = never leased."""
+    s1 = _check_scalar(restore_system_ns, "S1")
+    c1 = _check_scalar(restore_steady_ns, "C1")
+    ms = np.asarray(deadlines_ms, dtype=np.int64)
+    never = ms == 0
+    live = ms[~never]
+    if live.size:
+        lo, hi = int(live.min()) * NS_PER_MS, int(live.max()) * NS_PER_MS
+        if lo < INT64_MIN or hi > INT64_MAX:
+            raise ClockConversionError("v1 adapter: a millisecond deadline overflows int64 ns")
+    ns = np.where(never, np.int64(SENTINEL), ms * np.int64(NS_PER_MS))
+    if (ns[~never] == SENTINEL).any():
+        raise ClockConversionError("v1 adapter: a deadline equals the INT64_MIN sentinel")
+    return _apply_chain(ns, (-s1, c1), "v1 adapter")
+
+
+def legacy_system_deadline_ms(deadlines: np.ndarray, *, system_now_ns: int,
+                              steady_now_ns: int) -> np.ndarray:
+    """v1 writer: ``(system_now + (D - steady_now)) // 1e6``; NEVER_LEASED -> 0.
+
+    Floor division rounds a deadline down by under 1 ms, so rollback never extends a lease.
+    """
+    s = _check_scalar(system_now_ns, "system_now")
+    c = _check_scalar(steady_now_ns, "steady_now")
+    d = np.asarray(deadlines, dtype=np.int64)
+    ns = _apply_chain(d, (-c, s), "v1 writer")
+    ms = ns // np.int64(NS_PER_MS)
+    return np.where(d == SENTINEL, np.int64(0), ms)

@@ -1,0 +1,132 @@
+"""Complete-snapshot manifest (``manifest.txt``): strict parse and encode.
+
+v1 (upstream): ``messagepack|1.0.0|<snapshot_id>``; deadlines in the payload are system-clock ms.
+v2 (ours):     ``arrow-ipc|2.0.0|<snapshot_id>|<system_now_ns>|<steady_now_ns>``; deadlines are
+steady-clock ns of the writing process, mapped through the (system, steady) pair captured once.
+
+The manifest is the publication marker, so anything unexpected in it fails the candidate: exact
+field counts, no whitespace, canonical int64 decimals only (RFC Phase 3: "missing fields,
+malformed integers, and overflow are candidate failures").
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
+from ..errors import ManifestError
+
+V1_TAG = "messagepack"
+V1_VERSION = "1.0.0"
+V2_TAG = "arrow-ipc"
+V2_VERSION = "2.0.0"
+MANIFEST_FILE = "manifest.txt"
+SNAPSHOT_ID_LENGTH = 19
+
+# Canonical decimal: optional '-', no '+', no leading zeros, no "-0".
+_CANONICAL_INT = re.compile(r"(?:0|-?[1-9][0-9]*)\Z")
+
+
+def is_valid_snapshot_id(snapshot_id: str) -> bool:
+    """Upstream IsValidSnapshotId: 19 chars, '_' at 8 and 15, ASCII digits elsewhere."""
+    if not isinstance(snapshot_id, str) or len(snapshot_id) != SNAPSHOT_ID_LENGTH:
+        return False
+    for i, ch in enumerate(snapshot_id):
+        if i in (8, 15):
+            if ch != "_":
+                return False
+        elif not ("0" <= ch <= "9"):  # str.isdigit() would accept non-ASCII digits
+            return False
+    return True
+
+
+def snapshot_id_for(system_ns: int) -> str:
+    """``YYYYMMDD_HHMMSS_mmm`` of a Unix-epoch ns time, in UTC (upstream uses local time)."""
+    ms = int(system_ns) // NS_PER_MS
+    dt = datetime.fromtimestamp(ms // 1000, tz=timezone.utc)
+    sid = f"{dt:%Y%m%d_%H%M%S}_{ms % 1000:03d}"
+    if not is_valid_snapshot_id(sid):  # years outside 1000..9999 do not fit the 19-char form
+        raise ManifestError(f"system time {system_ns} ns has no valid snapshot id")
+    return sid
+
+
+def parse_canonical_int64(text: str, field: str) -> int:
+    """A canonical signed decimal in int64 range, else :class:`ManifestError` naming ``field``."""
+    if not _CANONICAL_INT.match(text):
+        raise ManifestError(f"{field}: not a canonical integer: {text!r}")
+    value = int(text)
+    if value < INT64_MIN or value > INT64_MAX:
+        raise ManifestError(f"{field}: {text} is outside int64")
+    return value
+
+
+@dataclass(frozen=True)
+class SnapshotManifest:
+    """A parsed manifest. ``system_now_ns``/``steady_now_ns`` are set exactly for v2."""
+
+    tag: str
+    version: str
+    snapshot_id: str
+    system_now_ns: int | None = None
+    steady_now_ns: int | None = None
+
+    @property
+    def is_v2(self) -> bool:
+        return self.version == V2_VERSION
+
+    def encode(self) -> str:
+        """The manifest text (no trailing newline, like upstream)."""
+        if self.tag == V1_TAG and self.version == V1_VERSION:
+            if self.system_now_ns is not None or self.steady_now_ns is not None:
+                raise ManifestError("a v1 manifest carries no clock pair")
+            if not is_valid_snapshot_id(self.snapshot_id):
+                raise ManifestError(f"invalid snapshot id {self.snapshot_id!r}")
+            return f"{V1_TAG}|{V1_VERSION}|{self.snapshot_id}"
+        if self.tag == V2_TAG and self.version == V2_VERSION:
+            text = (f"{V2_TAG}|{V2_VERSION}|{self.snapshot_id}|"
+                    f"{self.system_now_ns}|{self.steady_now_ns}")
+            # Round-trip through the strict parser so nothing unparsable is ever published.
+            if parse_manifest(text) != self:
+                raise ManifestError(f"manifest does not round-trip: {self!r}")
+            return text
+        raise ManifestError(f"unknown manifest tag/version {self.tag!r}/{self.version!r}")
+
+
+def v1_manifest(snapshot_id: str) -> SnapshotManifest:
+    return SnapshotManifest(V1_TAG, V1_VERSION, snapshot_id)
+
+
+def v2_manifest(snapshot_id: str, system_now_ns: int, steady_now_ns: int) -> SnapshotManifest:
+    return SnapshotManifest(V2_TAG, V2_VERSION, snapshot_id, int(system_now_ns), int(steady_now_ns))
+
+
+def parse_manifest(data: str | bytes) -> SnapshotManifest:
+    """Strictly parse manifest text or bytes (ASCII only)."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("ascii")
+        except UnicodeDecodeError as e:
+            raise ManifestError(f"manifest is not ASCII: {e}") from None
+    if not isinstance(data, str):
+        raise ManifestError(f"manifest must be str or bytes, not {type(data).__name__}")
+    parts = data.split("|")
+    if len(parts) < 2:
+        raise ManifestError(f"manifest has no tag|version: {data!r}")
+    tag, version = parts[0], parts[1]
+    if (tag, version) == (V1_TAG, V1_VERSION):
+        if len(parts) != 3:
+            raise ManifestError(f"v1 manifest needs 3 fields, got {len(parts)}")
+    elif (tag, version) == (V2_TAG, V2_VERSION):
+        if len(parts) != 5:
+            raise ManifestError(f"v2 manifest needs 5 fields (missing clock fields?), got {len(parts)}")
+    else:
+        raise ManifestError(f"unsupported manifest tag/version {tag!r}/{version!r}")
+    snapshot_id = parts[2]
+    if not is_valid_snapshot_id(snapshot_id):
+        raise ManifestError(f"invalid snapshot id {snapshot_id!r}")
+    if len(parts) == 3:
+        return SnapshotManifest(tag, version, snapshot_id)
+    return SnapshotManifest(tag, version, snapshot_id,
+                            parse_canonical_int64(parts[3], "system_now_ns"),
+                            parse_canonical_int64(parts[4], "steady_now_ns"))
