@@ -1,1 +1,15 @@
 """mooncake-columnar: a columnar object-metadata engine for a Mooncake Store master."""
+from .clock import Clocks, ManualClocks, MonotonicClocks
+from .config import MasterConfig
+from .errors import ErrorCode, MooncakeError
+from .master import MasterService
+from .messages import BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig
+from .schema import (NEVER_LEASED, NO_DEADLINE, ObjectDataType, PingStatus, ReplicaKind, ReplicaStatus,
+                     SoftPinAction)
+from .store.segments import Segment
+
+__all__ = [
+    "BatchResult", "Clocks", "ErrorCode", "ManualClocks", "MasterConfig", "MasterService", "MonotonicClocks",
+    "MooncakeError", "NEVER_LEASED", "NO_DEADLINE", "ObjectDataType", "ObjectInfo", "PingStatus",
+    "ReplicaDescriptor", "ReplicaKind", "ReplicaStatus", "ReplicateConfig", "Segment", "SoftPinAction",
+]

@@ -1,0 +1,1 @@
+"""Test support: the plain-Python reference model, servers for real-component tests."""
