@@ -55,13 +55,14 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 
 def sample_batch(first: int = 7) -> OpLogBatch:
-    rep = ReplicaDescriptor(11, ReplicaKind.MEMORY, "seg-a", 4096, 100, ReplicaStatus.COMPLETE, "10.0.0.1:1")
+    ep = "10.0.0.1:1"
+    rep = ReplicaDescriptor(11, ReplicaKind.MEMORY, "seg-a", 4096, 100, ReplicaStatus.COMPLETE, ep)
+    put = PutEndPayload("c1", 100, (rep,), ObjectDataType.KVCACHE, "g1", hard_pinned=True, soft_pin_enabled=True)
     return OpLogBatch(first, (
-        OpLogEntry(first, OpType.SEGMENT_MOUNT, "default", "10.0.0.1:1", SegmentPayload("seg-a", "10.0.0.1:1", 1 << 30, "c1")),
-        OpLogEntry(first + 1, OpType.PUT_END, "default", "k1",
-                   PutEndPayload("c1", 100, (rep,), ObjectDataType.KVCACHE, "g1", hard_pinned=True, soft_pin_enabled=True)),
+        OpLogEntry(first, OpType.SEGMENT_MOUNT, "default", ep, SegmentPayload("seg-a", ep, 1 << 30, "c1")),
+        OpLogEntry(first + 1, OpType.PUT_END, "default", "k1", put),
         OpLogEntry(first + 2, OpType.REMOVE, "t2", "k2"),
-        OpLogEntry(first + 3, OpType.SEGMENT_UNMOUNT, "default", "10.0.0.1:1", SegmentPayload("seg-a", "10.0.0.1:1", 0, "c1")),
+        OpLogEntry(first + 3, OpType.SEGMENT_UNMOUNT, "default", ep, SegmentPayload("seg-a", ep, 0, "c1")),
     ))
 
 
