@@ -20,7 +20,7 @@ from mooncake_columnar.ha.oplog import (
     decode_batch,
     encode_batch,
 )
-from mooncake_columnar.schema import ObjectDataType, ReplicaKind, ReplicaStatus
+from mooncake_columnar.schema import MAX_KEY_BYTES, ObjectDataType, ReplicaKind, ReplicaStatus
 
 u64 = st.integers(0, 2**64 - 1)
 text = st.text(max_size=12)
@@ -286,6 +286,10 @@ def test_constructor_validation() -> None:
         OpLogEntry(0, OpType.REMOVE, "t", "k")
     with pytest.raises(InvalidParams, match="tenant"):
         OpLogOp(OpType.REMOVE, "", "k")
+    with pytest.raises(InvalidParams, match="UTF-8"):
+        OpLogOp(OpType.REMOVE, "t", "bad\udc80key")
+    with pytest.raises(InvalidParams, match="longer than"):
+        OpLogOp(OpType.REMOVE, "t", "k" * (MAX_KEY_BYTES + 1))
     with pytest.raises(InvalidParams, match="not a OpType"):
         OpLogOp(4, "t", "k")  # type: ignore[arg-type]
     with pytest.raises(InvalidParams, match="data_type"):

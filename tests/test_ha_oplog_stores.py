@@ -90,6 +90,7 @@ def test_append_read_prefix(kit: Kit) -> None:
     assert s.read_batches(0) == written
     assert spans(s.read_batches(3)) == [(4, 4), (5, 9)]
     assert spans(s.read_batches(4)) == [(5, 9)]
+    assert spans(s.read_batches(8)) == [(5, 9)]
     assert spans(s.read_batches(6)) == [(5, 9)]  # mid-batch: the holder comes back, callers skip
     assert spans(s.read_batches(1)) == [(1, 3), (4, 4), (5, 9)]
     assert spans(s.read_batches(0, limit=2)) == [(1, 3), (4, 4)]

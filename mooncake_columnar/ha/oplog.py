@@ -65,7 +65,14 @@ def _seq(v: Any) -> str | None:
 
 
 def _str(v: Any) -> str | None:
-    return None if type(v) is str else f"expected a string, got {type(v).__name__}"
+    if type(v) is not str:
+        return f"expected a string, got {type(v).__name__}"
+    if not v.isascii():
+        try:
+            v.encode("utf-8")  # lone surrogates cannot travel as msgpack str
+        except UnicodeEncodeError:
+            return "not encodable as UTF-8"
+    return None
 
 
 def _nonempty_str(v: Any) -> str | None:
@@ -74,7 +81,7 @@ def _nonempty_str(v: Any) -> str | None:
 
 def _key(v: Any) -> str | None:
     problem = _nonempty_str(v)
-    if problem is None and len(v.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+    if problem is None and len(v.encode("utf-8")) > MAX_KEY_BYTES:
         problem = f"longer than {MAX_KEY_BYTES} bytes"
     return problem
 

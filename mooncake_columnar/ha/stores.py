@@ -55,7 +55,10 @@ class OpLogStore(Protocol):
         """The newest producer view claimed in the store; 0 if none was."""
 
     def set_producer_view(self, view: int) -> None:
-        """Claim ``view`` for this handle's writes; FencedWrite if a newer view is already claimed."""
+        """Claim ``view`` for this handle's writes; FencedWrite if a newer view is already claimed.
+
+        A handle starts with view 0, which can write only while no view was ever claimed.
+        """
 
     def compact_through(self, seq: int) -> int:
         """Delete the batches whose every id is <= ``seq`` (<= the durable prefix); returns how many."""
