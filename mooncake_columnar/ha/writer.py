@@ -184,7 +184,7 @@ class OpLogWriter:
             batches = [self._retry] if self._retry is not None else []
             start = self._retry.last_sequence_id + 1 if self._retry is not None else self._durable + 1
             run: list[OpLogEntry] = []
-            for first, slot in self._slots.items():
+            for slot in self._slots.values():
                 if slot.reservation.last_sequence_id < start:
                     continue
                 if slot.entries is None:
