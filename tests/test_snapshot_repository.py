@@ -2,6 +2,7 @@
 and v2/v1 restore with candidate fallback (RFC Phase 3)."""
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -42,7 +43,7 @@ def repo(request: pytest.FixtureRequest, tmp_path: Path) -> SnapshotRepository:
     if request.param == "local":
         return SnapshotRepository(tmp_path / "root")
     # A fresh cluster id per test keeps tests independent inside one bucket.
-    return SnapshotRepository(request.getfixturevalue("s3_uri"), cluster_id=f"c{tmp_path.name[-12:]}")
+    return SnapshotRepository(request.getfixturevalue("s3_uri"), cluster_id=f"c{uuid.uuid4().hex}")
 
 
 def _v1m(sid: str) -> str:
