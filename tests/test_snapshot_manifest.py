@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mooncake_columnar.clock import INT64_MAX, INT64_MIN, NS_PER_MS, NS_PER_S
@@ -169,6 +169,7 @@ def test_phase3_checked_arithmetic_overflow() -> None:
 
 
 @given(st.lists(int64s, max_size=6), int64s, int64s, int64s, int64s)
+@example([0], 0, 1, INT64_MIN, 0)  # S1 = INT64_MIN: its negation does not fit int64
 def test_conversion_matches_exact_formula_or_raises(ds: list[int], s0: int, c0: int, s1: int,
                                                     c1: int) -> None:
     def exact(d: int) -> int | None:

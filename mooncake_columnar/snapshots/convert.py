@@ -24,17 +24,21 @@ def _check_scalar(value: int, name: str) -> int:
     return value
 
 
-def _check_chain(start: int, steps: Sequence[int], what: str) -> None:
-    """Raise if ``start`` followed by the additions in ``steps`` ever leaves int64."""
+# A step is (sign, int64 operand): operands stay int64 (negating INT64_MIN would not).
+Step = tuple[int, int]
+
+
+def _check_chain(start: int, steps: Sequence[Step], what: str) -> None:
+    """Raise if ``start`` followed by the signed additions in ``steps`` ever leaves int64."""
     value = start
-    for step in steps:
-        value += step
+    for sign, operand in steps:
+        value += sign * operand
         if value < INT64_MIN or value > INT64_MAX:
             raise ClockConversionError(f"{what}: int64 overflow converting deadline {start}")
 
 
-def _apply_chain(values: np.ndarray, steps: Sequence[int], what: str) -> np.ndarray:
-    """``values + steps[0] + steps[1] + ...`` with the sentinel kept, overflow rejected."""
+def _apply_chain(values: np.ndarray, steps: Sequence[Step], what: str) -> np.ndarray:
+    """``values ± operand ± ...`` in order, with the sentinel kept and overflow rejected."""
     values = np.asarray(values, dtype=np.int64)
     live = values != SENTINEL
     out = values.copy()
@@ -46,8 +50,8 @@ def _apply_chain(values: np.ndarray, steps: Sequence[int], what: str) -> np.ndar
     _check_chain(lo, steps, what)
     _check_chain(hi, steps, what)
     acc = sel
-    for step in steps:
-        acc = acc + np.int64(step)
+    for sign, operand in steps:
+        acc = acc + np.int64(operand) if sign > 0 else acc - np.int64(operand)
     # A converted deadline must never land on the sentinel value itself.
     if (acc == SENTINEL).any():
         raise ClockConversionError(f"{what}: a deadline converts onto the INT64_MIN sentinel")
@@ -66,7 +70,7 @@ def convert_steady_deadlines(deadlines: np.ndarray, *, snapshot_system_ns: int,
     c0 = _check_scalar(snapshot_steady_ns, "C0")
     s1 = _check_scalar(restore_system_ns, "S1")
     c1 = _check_scalar(restore_steady_ns, "C1")
-    return _apply_chain(deadlines, (-c0, s0, -s1, c1), "v2 steady mapping")
+    return _apply_chain(deadlines, ((-1, c0), (1, s0), (-1, s1), (1, c1)), "v2 steady mapping")
 
 
 def convert_legacy_ms_deadlines(deadlines_ms: np.ndarray, *, restore_system_ns: int,
@@ -84,7 +88,7 @@ def convert_legacy_ms_deadlines(deadlines_ms: np.ndarray, *, restore_system_ns: 
     ns = np.where(never, np.int64(SENTINEL), ms * np.int64(NS_PER_MS))
     if (ns[~never] == SENTINEL).any():
         raise ClockConversionError("v1 adapter: a deadline equals the INT64_MIN sentinel")
-    return _apply_chain(ns, (-s1, c1), "v1 adapter")
+    return _apply_chain(ns, ((-1, s1), (1, c1)), "v1 adapter")
 
 
 def legacy_system_deadline_ms(deadlines: np.ndarray, *, system_now_ns: int,
@@ -96,6 +100,6 @@ def legacy_system_deadline_ms(deadlines: np.ndarray, *, system_now_ns: int,
     s = _check_scalar(system_now_ns, "system_now")
     c = _check_scalar(steady_now_ns, "steady_now")
     d = np.asarray(deadlines, dtype=np.int64)
-    ns = _apply_chain(d, (-c, s), "v1 writer")
+    ns = _apply_chain(d, ((-1, c), (1, s)), "v1 writer")
     ms = ns // np.int64(NS_PER_MS)
     return np.where(d == SENTINEL, np.int64(0), ms)
