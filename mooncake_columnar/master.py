@@ -23,14 +23,18 @@ from .kernels import objects as ok
 from .messages import (DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig)
 from .schema import (FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN,
                      FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, MAX_KEY_BYTES,
-                     NO_DEADLINE, OBJECTS_ARROW_SCHEMA, ST_PROCESSING, ObjectDataType, PingStatus,
+                     OBJECTS_ARROW_SCHEMA, ST_PROCESSING, ObjectDataType, PingStatus,
                      ReplicaKind, ReplicaStatus, SoftPinAction)
 from .store.keys import KeyIndex, as_string_array, string_buffers
+from .store.inflight import InflightTable
 from .store.objects import ObjectTable
 from .store.segments import Segment, SegmentTable
 from .store.strings import StringDictionary
 
 T = TypeVar("T")
+_KINDS = {int(k): k for k in ReplicaKind}
+_STATUSES = {int(s): s for s in ReplicaStatus}
+_COMPLETE = int(ReplicaStatus.COMPLETE)
 _PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
 
 
@@ -100,6 +104,7 @@ class MasterService:
         self._lock = threading.RLock()
         self.objects = ObjectTable(initial_capacity)
         self.keys = KeyIndex(self.objects, initial_capacity)
+        self.inflight = InflightTable()
         self.segments = SegmentTable()
         self.tenants = StringDictionary()
         self.clients = StringDictionary()
@@ -289,15 +294,18 @@ class MasterService:
         codes[(lengths == 0) | (lengths > MAX_KEY_BYTES) | (sizes <= 0)] = ErrorCode.INVALID_PARAMS
         self._release_discarded(now_ms)
 
-        found = self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))
-        exists = (found >= 0) & (codes == 0)
-        if exists.any():
+        discard_ms = self.config.put_start_discard_timeout_s * 1000
+        oldest = self.inflight.oldest_put_start_ms()
+        if oldest is not None and oldest + discard_ms < now_ms:
+            # some in-flight put may be abandoned: find existing keys first and discard those
+            found = self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))
+            exists = (found >= 0) & (codes == 0)
             rows = found[exists]
-            has_complete = (o.replica_status[rows] == int(ReplicaStatus.COMPLETE)).any(axis=1)
-            recent = o.put_start_time_ms[rows] + self.config.put_start_discard_timeout_s * 1000 >= now_ms
-            blocked = has_complete | recent
+            has_complete = (o.replica_status[rows] == _COMPLETE).any(axis=1)
+            blocked = has_complete | (self._put_start_time_ms(rows) + discard_ms >= now_ms)
             codes[np.flatnonzero(exists)[blocked]] = ErrorCode.OBJECT_ALREADY_EXISTS
             self._discard_puts(np.unique(rows[~blocked]), now_ms)
+        # otherwise every existing key is complete or recent: the insert kernel reports it
 
         picks = np.flatnonzero(codes == 0)
         if picks.size == 0:
@@ -307,22 +315,23 @@ class MasterService:
         free_rows = o.take_rows(picks.size)
         self.keys.reserve(picks.size, int((offsets[picks + 1] - offsets[picks]).sum()))
         seg = self.segments
-        used, arena_used, self.next_replica_id, reused = ok.insert_new_puts(
+        used, arena_used, self.next_replica_id = ok.insert_new_puts(
             picks, offsets, data, tenant, sizes, config.replica_num, preferred, free_rows,
-            self.keys.table, self.keys.arena, self.keys.arena_used, o.key_offset, o.key_length, o.tenant,
+            self.keys.table, self.keys.arena, self.keys.arena_used, o.key_ref, o.tenant,
             seg.allocatable, seg.capacity, seg.used, seg.extent_starts, seg.extent_lengths, seg.extent_counts,
             o.replica_segment, o.replica_offset, o.replica_status, o.replica_kind, o.replica_id,
             self.next_replica_id, codes, rows_out)
         o.release_rows(free_rows[used:])
-        self.keys.note_inserted(int(used), int(reused), int(arena_used))
+        self.keys.note_inserted(int(used), int(arena_used))
         new = free_rows[:used]
         o.size_bytes[new] = sizes[picks[codes[picks] == 0]]
         o.client[new] = self.clients.code(client)
-        o.put_start_time_ms[new] = now_ms
+        slots = self.inflight.take(new.size)
+        o.inflight[new] = slots
+        self.inflight.put_start_time_ms[slots] = now_ms
+        self.inflight.pending_soft_pin_ttl_ns[slots] = pending_ttl_ns
         o.flags[new] = flags
         o.data_type[new] = int(config.data_type)
-        if pending_ttl_ns:
-            o.soft_pin_deadline_ns[new] = pending_ttl_ns  # FLAG_PENDING_SOFT_PIN: holds the ttl
         if config.group_id and used:
             gcode = self._group_code(config.tenant_id, config.group_id)
             ok.link_group_members(new, gcode, self.group_head, o.group_next, o.group, o.flags)
@@ -355,8 +364,11 @@ class MasterService:
         now = self.clocks.steady_ns()
         o = self.objects
         codes = np.where(rows < 0, np.int32(ErrorCode.OBJECT_NOT_FOUND), np.int32(0)).astype(np.int32)
+        released = np.full(rows.size, -1, np.int64)
         ok.complete_puts(rows, self.clients.find(client), now, codes, o.flags, o.client,
-                         o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status)
+                         o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status,
+                         o.inflight, self.inflight.pending_soft_pin_ttl_ns, released)
+        self.inflight.release(released)
         return codes
 
     @_locked
@@ -384,7 +396,7 @@ class MasterService:
         st = o.replica_status[rows]
         r_idx, slot = np.nonzero((st == int(ST_PROCESSING)) & (o.replica_kind[rows] == int(KIND_MEMORY)))
         held = rows[r_idx]
-        release = o.put_start_time_ms[held] + self.config.put_start_release_timeout_s * 1000
+        release = self._put_start_time_ms(held) + self.config.put_start_release_timeout_s * 1000
         self._discarded_seg = np.concatenate((self._discarded_seg, o.replica_segment[held, slot].astype(np.int64)))
         self._discarded_off = np.concatenate((self._discarded_off, o.replica_offset[held, slot]))
         self._discarded_size = np.concatenate((self._discarded_size, o.size_bytes[held]))
@@ -411,11 +423,11 @@ class MasterService:
     @_locked
     def get_replica_list(self, key: str, tenant_id: str = DEFAULT_TENANT) -> list[ReplicaDescriptor]:
         """Readable replicas of the object; grants the read lease (group rule)."""
-        k = _require_str("key", key)
-        tenant = self.tenants.find(_require_str("tenant_id", tenant_id))
+        k = key if type(key) is str and key else _require_str("key", key)
+        tenant = self.tenants.find(tenant_id if type(tenant_id) is str else _require_str("tenant_id", tenant_id))
         o = self.objects
         code, row = ok.find_and_classify_read(
-            self.keys.table, self.keys.arena, o.key_offset, o.key_length, o.tenant,
+            self.keys.table, self.keys.arena, o.key_ref, o.tenant,
             np.frombuffer(k.encode(), np.uint8), tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
             o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
             o.replica_segment, self.segments.readable)
@@ -511,6 +523,7 @@ class MasterService:
                             o.size_bytes[rows[r_idx]], seg.extent_starts, seg.extent_lengths,
                             seg.extent_counts, seg.used)
         ok.unlink_group_members(rows, self.group_head, o.group_next, o.group, o.flags)
+        self.inflight.release(o.inflight[rows])
         self.keys.remove(rows)
         o.release_rows(rows)
 
@@ -524,7 +537,6 @@ class MasterService:
             _raise_code(ErrorCode.OBJECT_NOT_FOUND, f"object_info {key!r}")
         o = self.objects
         f = int(o.flags[row])
-        pending = bool(f & FLAG_PENDING_SOFT_PIN)
         return ObjectInfo(
             tenant=self.tenants.name(int(o.tenant[row])), key=key,
             client=self.clients.name(int(o.client[row])), size=int(o.size_bytes[row]),
@@ -532,8 +544,9 @@ class MasterService:
             group_id=self._group_names[int(o.group[row])] if f & FLAG_GROUPED else "",
             hard_pinned=bool(f & FLAG_HARD_PINNED), soft_pin_enabled=bool(f & FLAG_SOFT_PIN_ENABLED),
             lease_deadline_ns=int(o.lease_deadline_ns[row]),
-            soft_pin_deadline_ns=int(NO_DEADLINE) if pending else int(o.soft_pin_deadline_ns[row]),
-            processing=bool(f & FLAG_PROCESSING), put_start_time_ms=int(o.put_start_time_ms[row]),
+            soft_pin_deadline_ns=int(o.soft_pin_deadline_ns[row]),
+            processing=bool(f & FLAG_PROCESSING),
+            put_start_time_ms=int(self._put_start_time_ms(np.array([row]))[0]),
             replicas=tuple(self._descriptors(row, readable_only=False)))
 
     @_locked
@@ -542,7 +555,6 @@ class MasterService:
         o = self.objects
         rows = o.live_rows()
         f = o.flags[rows]
-        pending = (f & FLAG_PENDING_SOFT_PIN) != 0
         group = np.where((f & FLAG_GROUPED) != 0, o.group[rows], -1)
         cols = {
             "tenant": self.tenants.decode(o.tenant[rows]),
@@ -555,8 +567,8 @@ class MasterService:
             "hard_pinned": (f & FLAG_HARD_PINNED) != 0,
             "soft_pin_enabled": (f & FLAG_SOFT_PIN_ENABLED) != 0,
             "lease_deadline_ns": o.lease_deadline_ns[rows],
-            "soft_pin_deadline_ns": np.where(pending, NO_DEADLINE, o.soft_pin_deadline_ns[rows]),
-            "put_start_time_ms": o.put_start_time_ms[rows],
+            "soft_pin_deadline_ns": o.soft_pin_deadline_ns[rows],
+            "put_start_time_ms": self._put_start_time_ms(rows),
             "processing": (f & FLAG_PROCESSING) != 0,
             "replica_count": (o.replica_status[rows] != 0).sum(axis=1).astype(np.int32),
         }
@@ -576,7 +588,7 @@ class MasterService:
     def metadata_bytes(self) -> dict[str, int]:
         """Resident bytes of the metadata (columns, index, dictionaries), key bytes separately."""
         return {"columns": self.objects.resident_bytes(), "index": self.keys.resident_bytes(),
-                "key_bytes": int(self.keys.arena_used)}
+                "inflight": self.inflight.resident_bytes(), "key_bytes": int(self.keys.arena_used)}
 
     # ================================================================================ helpers
     def _key_array(self, keys) -> pa.Array:
@@ -595,6 +607,11 @@ class MasterService:
             return np.full(n, -1, np.int64)
         return self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))
 
+    def _put_start_time_ms(self, rows: np.ndarray) -> np.ndarray:
+        """System-clock put start of in-flight rows; 0 once the put completed (not kept)."""
+        slots = self.objects.inflight[rows]
+        return np.where(slots >= 0, self.inflight.put_start_time_ms[np.maximum(slots, 0)], 0)
+
     def _tenant_rows(self, tenant_id: str | None) -> np.ndarray:
         rows = self.objects.live_rows()
         if tenant_id is None:
@@ -602,19 +619,22 @@ class MasterService:
         return rows[self.objects.tenant[rows] == self.tenants.find(_require_str("tenant_id", tenant_id))]
 
     def _descriptors(self, row: int, *, readable_only: bool) -> list[ReplicaDescriptor]:
+        # on the single-key read path: plain lists and tuple lookups, no per-slot NumPy scalars
         o = self.objects
+        statuses = o.replica_status[row].tolist()
+        seg_codes = o.replica_segment[row].tolist()
+        readable_mask = self.segments.readable
         out = []
-        for j in range(o.slots):
-            st = int(o.replica_status[row, j])
+        for j, st in enumerate(statuses):
             if st == 0:
                 continue
-            code = int(o.replica_segment[row, j])
-            readable = bool(st == ReplicaStatus.COMPLETE and code >= 0 and self.segments.readable[code])
+            code = seg_codes[j]
+            readable = st == _COMPLETE and code >= 0 and bool(readable_mask[code])
             if readable_only and not readable:
                 continue
             seg = self.segments.info[code]
-            out.append(ReplicaDescriptor(int(o.replica_id[row, j]), ReplicaKind(int(o.replica_kind[row, j])),
-                                         ReplicaStatus(st), seg.name, seg.endpoint,
+            out.append(ReplicaDescriptor(int(o.replica_id[row, j]), _KINDS[o.replica_kind[row, j]],
+                                         _STATUSES[st], seg.name, seg.endpoint,
                                          seg.base + int(o.replica_offset[row, j]), int(o.size_bytes[row]),
                                          readable))
         return out

@@ -18,8 +18,7 @@ FLAG_HARD_PINNED = np.uint8(2)        # immutable; never evicted
 FLAG_SOFT_PIN_ENABLED = np.uint8(4)   # participates in soft-pin policy (stays set after expiry)
 FLAG_GROUPED = np.uint8(8)            # member of a group (group column valid)
 FLAG_PROCESSING = np.uint8(16)        # in upstream's processing_keys: some replica still PROCESSING
-FLAG_PENDING_SOFT_PIN = np.uint8(32)  # ENABLE action awaiting first readable put_end; while set,
-                                      # soft_pin_deadline_ns holds the requested TTL in ns
+FLAG_PENDING_SOFT_PIN = np.uint8(32)  # ENABLE action awaiting the first readable put_end
 FLAG_GROUP_REFRESH = np.uint8(64)     # group awaits a lease refresh (new member registered)
 
 # ---- replicas ------------------------------------------------------------------------------------
@@ -77,13 +76,12 @@ OBJECT_COLUMNS: dict[str, np.dtype] = {
     "lease_deadline_ns": np.dtype(np.int64),
     "soft_pin_deadline_ns": np.dtype(np.int64),
     "size_bytes": np.dtype(np.int64),
-    "put_start_time_ms": np.dtype(np.int64),   # system clock (RFC non-goal 7)
-    "key_offset": np.dtype(np.int64),          # into the key arena
+    "key_ref": np.dtype(np.int64),             # (arena offset << 16) | key length
     "tenant": np.dtype(np.int32),
     "client": np.dtype(np.int32),
     "group": np.dtype(np.int32),
     "group_next": np.dtype(np.int32),          # circular list of group members (self when alone)
-    "key_length": np.dtype(np.uint16),
+    "inflight": np.dtype(np.int32),            # slot in the InflightTable while PROCESSING, else -1
     "flags": np.dtype(np.uint8),
     "data_type": np.dtype(np.uint8),
 }

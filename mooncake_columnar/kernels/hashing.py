@@ -1,7 +1,11 @@
-"""Key hashing and open-addressing probing over an int32 slot table.
+"""Key hashing and open-addressing probing.
 
-Slots hold object rows (EMPTY = -1, TOMBSTONE = -2). A hit is verified against the key bytes in
-the arena (length, tenant and bytes), so the table stores no hashes: 4 bytes per slot.
+A table slot is an int64: ``(tag << 32) | row`` where ``tag`` is 31 bits of the key's hash, so
+most non-matching probes are rejected without touching the object columns; a tag match is
+verified against the key bytes in the arena (tenant, length and bytes). EMPTY = -1. The home
+slot is the tag's low bits, so deletion can shift later entries back (linear probing without
+tombstones: lookups never slow down under put/remove churn).
+An object's ``key_ref`` packs its arena offset and key length: ``(offset << 16) | length``.
 """
 from __future__ import annotations
 
@@ -9,10 +13,12 @@ import numpy as np
 from numba import njit
 
 EMPTY_SLOT = -1
-TOMBSTONE = -2
+KEY_LENGTH_BITS = 16
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
+_ROW_MASK = np.int64(0xFFFFFFFF)
+_LEN_MASK = np.int64((1 << KEY_LENGTH_BITS) - 1)
 
 
 @njit(inline="always", cache=True)
@@ -33,60 +39,143 @@ def hash_key(data, start, length, tenant):
 
 
 @njit(inline="always", cache=True)
-def _key_equals(arena, row_offset, row_length, data, start, length):
-    if row_length != length:
+def key_ref(offset, length):
+    return (np.int64(offset) << KEY_LENGTH_BITS) | np.int64(length)
+
+
+@njit(inline="always", cache=True)
+def ref_offset(ref):
+    return ref >> KEY_LENGTH_BITS
+
+
+@njit(inline="always", cache=True)
+def ref_length(ref):
+    return ref & _LEN_MASK
+
+
+@njit(inline="always", cache=True)
+def _tag(h):
+    return np.int64((h >> np.uint64(33)) & np.uint64(0x7FFFFFFF))
+
+
+@njit(inline="always", cache=True)
+def _slot_value(h, row):
+    return (_tag(h) << 32) | np.int64(row)
+
+
+@njit(inline="always", cache=True)
+def _same_tag(slot, h):
+    return (slot >> 32) == _tag(h)
+
+
+@njit(inline="always", cache=True)
+def _key_equals(arena, ref, data, start, length):
+    if ref_length(ref) != length:
         return False
+    off = ref_offset(ref)
     for i in range(length):
-        if arena[row_offset + i] != data[start + i]:
+        if arena[off + i] != data[start + i]:
             return False
     return True
 
 
+@njit(inline="always", cache=True)
+def home_slot(h, mask):
+    return _tag(h) & mask
+
+
 @njit(cache=True)
-def find_row(table, arena, key_offset, key_length, row_tenant, data, start, length, tenant, h):
+def find_row(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
     """Row of (tenant, key) or -1."""
     mask = table.shape[0] - 1
-    i = np.int64(h & np.uint64(mask))
+    i = home_slot(h, mask)
     while True:
-        r = table[i]
-        if r == EMPTY_SLOT:
+        v = table[i]
+        if v == EMPTY_SLOT:
             return -1
-        if r >= 0 and row_tenant[r] == tenant and _key_equals(arena, key_offset[r], key_length[r],
-                                                             data, start, length):
-            return r
+        if v >= 0 and _same_tag(v, h):
+            r = v & _ROW_MASK
+            if row_tenant[r] == tenant and _key_equals(arena, key_refs[r], data, start, length):
+                return r
         i = (i + 1) & mask
+
+
+@njit(cache=True)
+def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
+    """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take)."""
+    mask = table.shape[0] - 1
+    i = home_slot(h, mask)
+    while True:
+        v = table[i]
+        if v == EMPTY_SLOT:
+            return -1, i
+        if _same_tag(v, h):
+            r = v & _ROW_MASK
+            if row_tenant[r] == tenant and _key_equals(arena, key_refs[r], data, start, length):
+                return r, -1
+        i = (i + 1) & mask
+
+
+@njit(inline="always", cache=True)
+def fill_slot(table, slot, h, row):
+    table[slot] = _slot_value(h, row)
 
 
 @njit(cache=True)
 def insert_row(table, row, h):
-    """Insert ``row`` (caller guarantees the key is absent); returns True if a tombstone was reused."""
+    """Insert ``row`` (caller guarantees the key is absent)."""
     mask = table.shape[0] - 1
-    i = np.int64(h & np.uint64(mask))
-    while True:
-        r = table[i]
-        if r < 0:
-            table[i] = row
-            return r == TOMBSTONE
+    i = home_slot(h, mask)
+    while table[i] >= 0:
         i = (i + 1) & mask
+    table[i] = _slot_value(h, row)
 
 
 @njit(cache=True)
 def delete_row(table, row, h):
+    """Remove ``row`` and shift back the entries that probed past it."""
     mask = table.shape[0] - 1
-    i = np.int64(h & np.uint64(mask))
-    while True:
-        r = table[i]
-        if r == row:
-            table[i] = TOMBSTONE
-            return True
-        if r == EMPTY_SLOT:
+    i = home_slot(h, mask)
+    want = _slot_value(h, row)
+    while table[i] != want:
+        if table[i] == EMPTY_SLOT:
             return False
         i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        v = table[j]
+        if v == EMPTY_SLOT:
+            break
+        home = (v >> 32) & mask
+        # move v into the hole at i unless its home lies cyclically in (i, j]
+        if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+            table[i] = v
+            i = j
+    table[i] = EMPTY_SLOT
+    return True
 
 
 @njit(cache=True)
-def row_hash(arena, key_offset, key_length, row_tenant, row):
-    return hash_key(arena, key_offset[row], key_length[row], row_tenant[row])
+def row_hash(arena, key_refs, row_tenant, row):
+    ref = key_refs[row]
+    return hash_key(arena, ref_offset(ref), ref_length(ref), row_tenant[row])
+
+
+@njit(cache=True)
+def slot_rows(table):
+    """Rows held by a table (for rebuilds)."""
+    n = 0
+    for i in range(table.shape[0]):
+        if table[i] >= 0:
+            n += 1
+    out = np.empty(n, np.int64)
+    k = 0
+    for i in range(table.shape[0]):
+        if table[i] >= 0:
+            out[k] = table[i] & _ROW_MASK
+            k += 1
+    return out
 
 
 @njit(cache=True)
@@ -98,32 +187,60 @@ def hash_batch(offsets, data, tenants):
     return out
 
 
+_BLOCK = 32
+
+
 @njit(cache=True)
-def find_rows(table, arena, key_offset, key_length, row_tenant, offsets, data, tenants):
-    """Rows of a batch of keys (-1 for absent)."""
+def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
+    """Rows of a batch of keys (-1 for absent).
+
+    Staged by blocks: all home slots of a block are loaded, then all candidate rows' columns,
+    then keys are verified, so the cache misses of independent keys overlap.
+    """
     n = offsets.shape[0] - 1
     out = np.empty(n, np.int64)
-    for i in range(n):
-        s = offsets[i]
-        ln = offsets[i + 1] - s
-        h = hash_key(data, s, ln, tenants[i])
-        out[i] = find_row(table, arena, key_offset, key_length, row_tenant, data, s, ln, tenants[i], h)
+    mask = table.shape[0] - 1
+    hs = np.empty(_BLOCK, np.uint64)
+    vs = np.empty(_BLOCK, np.int64)
+    refs = np.empty(_BLOCK, np.int64)
+    tns = np.empty(_BLOCK, np.int64)
+    for b in range(0, n, _BLOCK):
+        m = min(_BLOCK, n - b)
+        for t in range(m):
+            i = b + t
+            h = hash_key(data, offsets[i], offsets[i + 1] - offsets[i], tenants[i])
+            hs[t] = h
+            vs[t] = table[home_slot(h, mask)]
+        for t in range(m):
+            v = vs[t]
+            if v >= 0 and _same_tag(v, hs[t]):
+                r = v & _ROW_MASK
+                refs[t] = key_refs[r]
+                tns[t] = row_tenant[r]
+        for t in range(m):
+            i = b + t
+            s = offsets[i]
+            ln = offsets[i + 1] - s
+            v = vs[t]
+            if v == EMPTY_SLOT:
+                out[i] = -1
+            elif (_same_tag(v, hs[t]) and tns[t] == tenants[i]
+                  and _key_equals(arena, refs[t], data, s, ln)):
+                out[i] = v & _ROW_MASK
+            else:  # first slot is someone else: continue probing the slow way
+                out[i] = find_row(table, arena, key_refs, row_tenant, data, s, ln, tenants[i], hs[t])
     return out
 
 
 @njit(cache=True)
-def insert_rows(table, rows, arena, key_offset, key_length, row_tenant):
-    """Insert many rows; returns how many tombstones were reused."""
-    reused = 0
+def insert_rows(table, rows, arena, key_refs, row_tenant):
     for i in range(rows.shape[0]):
         r = rows[i]
-        if insert_row(table, r, row_hash(arena, key_offset, key_length, row_tenant, r)):
-            reused += 1
-    return reused
+        insert_row(table, r, row_hash(arena, key_refs, row_tenant, r))
 
 
 @njit(cache=True)
-def delete_rows(table, rows, arena, key_offset, key_length, row_tenant):
+def delete_rows(table, rows, arena, key_refs, row_tenant):
     for i in range(rows.shape[0]):
         r = rows[i]
-        delete_row(table, r, row_hash(arena, key_offset, key_length, row_tenant, r))
+        delete_row(table, r, row_hash(arena, key_refs, row_tenant, r))

@@ -15,6 +15,7 @@ from . import hashing as hk
 from .leases import grant_read_lease, grant_until
 from .predicates import is_readable_replica, lease_expired, slot_in_use, slot_is_complete, slot_is_processing, slot_is_removed
 
+_BLOCK = 32
 OK = 0
 NOT_FOUND = -704
 ALREADY_EXISTS = -705
@@ -38,10 +39,10 @@ _I64_MAX = int(INT64_MAX)
 
 @njit(cache=True)
 def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts, lengths, counts,
-               out_seg, out_off):
+               tried, out_seg, out_off):
     """Allocate up to replica_num replicas on distinct segments: preferred first, then most free."""
     nseg = allocatable.shape[0]
-    tried = np.zeros(nseg, np.bool_)
+    tried[:] = False
     placed = 0
     for p in range(preferred.shape[0]):
         s = preferred[p]
@@ -79,29 +80,38 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts
 
 @njit(cache=True)
 def insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
-                    table, arena, arena_used, key_offset, key_length, row_tenant,
+                    table, arena, arena_used, key_refs, row_tenant,
                     allocatable, capacity, used, starts, lengths, counts,
                     rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
                     codes, out_rows):
-    """Create objects for batch keys ``picks`` (absent when the batch started).
+    """Create objects for batch keys ``picks``; keys already present get ALREADY_EXISTS.
 
     Takes rows from ``free_rows`` in order; writes codes/out_rows per key. Returns
-    (rows used, new arena size, next replica id, tombstones reused).
+    (rows used, new arena size, next replica id).
     """
     seg_buf = np.empty(replica_num, np.int64)
     off_buf = np.empty(replica_num, np.int64)
+    tried = np.empty(allocatable.shape[0], np.bool_)
+    hashes = np.empty(_BLOCK, np.uint64)
+    probe = np.empty(_BLOCK, np.int64)
     used_rows = 0
-    reused = 0
     for i in range(picks.shape[0]):
+        t = i % _BLOCK
+        if t == 0:  # stage: hash a block and touch its home slots so the misses overlap
+            for u in range(min(_BLOCK, picks.shape[0] - i)):
+                k = picks[i + u]
+                hashes[u] = hk.hash_key(data, offsets[k], offsets[k + 1] - offsets[k], tenant)
+                probe[u] = table[hk.home_slot(hashes[u], table.shape[0] - 1)]
         k = picks[i]
         s = offsets[k]
         ln = offsets[k + 1] - s
-        h = hk.hash_key(data, s, ln, tenant)
-        if hk.find_row(table, arena, key_offset, key_length, row_tenant, data, s, ln, tenant, h) >= 0:
-            codes[k] = ALREADY_EXISTS  # an earlier key of this batch created it
+        h = hashes[t]
+        existing, slot = hk.find_or_empty_slot(table, arena, key_refs, row_tenant, data, s, ln, tenant, h)
+        if existing >= 0:  # complete, in flight, or created by an earlier key of this batch
+            codes[k] = ALREADY_EXISTS
             continue
         placed = _place_one(sizes[k], replica_num, preferred, allocatable, capacity, used,
-                            starts, lengths, counts, seg_buf, off_buf)
+                            starts, lengths, counts, tried, seg_buf, off_buf)
         if placed == 0:
             codes[k] = NO_HANDLE
             continue
@@ -115,22 +125,22 @@ def insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred,
             rep_id[row, j] = next_replica_id
             next_replica_id += 1
         arena[arena_used:arena_used + ln] = data[s:s + ln]
-        key_offset[row] = arena_used
-        key_length[row] = ln
+        key_refs[row] = hk.key_ref(arena_used, ln)
         row_tenant[row] = tenant
         arena_used += ln
-        if hk.insert_row(table, row, h):
-            reused += 1
+        hk.fill_slot(table, slot, h, row)  # nothing touched the table since the probe
         codes[k] = OK
         out_rows[k] = row
-    return used_rows, arena_used, next_replica_id, reused
+    return used_rows, arena_used, next_replica_id
 
 
 @njit(cache=True)
-def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadline, rep_status):
+def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadline, rep_status,
+                  inflight, pending_ttl, released):
     """put_end for many rows: PROCESSING -> COMPLETE, lease = max(lease, now), soft-pin commit.
 
-    Returns the number of replicas completed. ``codes`` is pre-filled (NOT_FOUND where row < 0).
+    ``codes`` is pre-filled (NOT_FOUND where row < 0). Inflight slots of finished puts are
+    written to ``released`` (else -1). Returns the number of replicas completed.
     """
     done = 0
     for i in range(rows.shape[0]):
@@ -159,11 +169,14 @@ def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadl
                 rep_status[r, j] = _ST_DONE
                 completed += 1
         done += completed
+        slot = inflight[r]
         if (f & _PENDING) != 0 and not had_complete and completed > 0:
-            ttl = soft_deadline[r]
+            ttl = pending_ttl[slot]
             soft_deadline[r] = _I64_MAX if now > _I64_MAX - ttl else now + ttl  # saturating
             f = (f | _SOFT) & ~_PENDING
         flags[r] = f & ~_PROCESSING_FLAG
+        released[i] = slot
+        inflight[r] = -1
         grant_until(lease, r, now)
         codes[i] = OK
     return done
@@ -196,11 +209,11 @@ def classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
 
 
 @njit(cache=True)
-def find_and_classify_read(table, arena, key_offset, key_length, row_tenant, key, tenant, now, ttl_ns,
+def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns,
                            flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable):
     """Single-key fast path of get_replica_list: (code, row) with the lease granted on OK."""
     h = hk.hash_key(key, 0, key.shape[0], tenant)
-    r = hk.find_row(table, arena, key_offset, key_length, row_tenant, key, 0, key.shape[0], tenant, h)
+    r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, key.shape[0], tenant, h)
     rows = np.empty(1, np.int64)
     rows[0] = r
     codes = np.empty(1, np.int32)

@@ -1,7 +1,7 @@
 """KeyIndex: (tenant, key) -> object row.
 
-Key bytes live in an append-only arena (offsets/lengths are object columns); an int32
-open-addressing table indexes rows by hash(tenant, key) and verifies bytes on every hit.
+Key bytes live in an append-only arena (the ``key_ref`` object column packs offset and length);
+an open-addressing table of tagged rows indexes hash(tenant, key) and verifies bytes on a hit.
 Dead key bytes are reclaimed by compaction once they are the majority of the arena.
 """
 from __future__ import annotations
@@ -41,9 +41,8 @@ class KeyIndex:
     def __init__(self, objects: ObjectTable, capacity: int = 1024) -> None:
         self.objects = objects
         cap = 1 << max(4, int(np.ceil(np.log2(max(16, capacity / _MAX_LOAD)))))
-        self.table = np.full(cap, hk.EMPTY_SLOT, np.int32)
+        self.table = np.full(cap, hk.EMPTY_SLOT, np.int64)
         self.count = 0
-        self.tombstones = 0
         self.arena = np.empty(1 << 16, np.uint8)
         self.arena_used = 0
         self.arena_garbage = 0
@@ -52,20 +51,20 @@ class KeyIndex:
     def lookup(self, tenant: int, key: np.ndarray) -> int:
         o = self.objects
         h = hk.hash_key(key, 0, key.shape[0], tenant)
-        return int(hk.find_row(self.table, self.arena, o.key_offset, o.key_length, o.tenant,
+        return int(hk.find_row(self.table, self.arena, o.key_ref, o.tenant,
                                key, 0, key.shape[0], tenant, h))
 
     def lookup_batch(self, offsets: np.ndarray, data: np.ndarray, tenants: np.ndarray) -> np.ndarray:
         o = self.objects
-        return hk.find_rows(self.table, self.arena, o.key_offset, o.key_length, o.tenant,
+        return hk.find_rows(self.table, self.arena, o.key_ref, o.tenant,
                             offsets, data, tenants)
 
     # ---- mutation ----------------------------------------------------------------------------
     def reserve(self, extra_keys: int, extra_bytes: int) -> None:
         """Grow the table and arena so a batch of this size needs no reallocation in a kernel."""
-        if (self.count + self.tombstones + extra_keys) > _MAX_LOAD * self.table.shape[0]:
+        if (self.count + extra_keys) > _MAX_LOAD * self.table.shape[0]:
             cap = self.table.shape[0]
-            while (self.count + extra_keys) > _MAX_LOAD * cap / 2:
+            while (self.count + extra_keys) > _MAX_LOAD * cap:
                 cap *= 2
             self._rebuild(cap)
         need = self.arena_used + extra_bytes
@@ -81,39 +80,21 @@ class KeyIndex:
                 grown[: self.arena_used] = self.arena[: self.arena_used]
                 self.arena = grown
 
-    def insert(self, rows: np.ndarray, picks: np.ndarray, offsets: np.ndarray, data: np.ndarray) -> None:
-        """Index new objects ``rows`` under batch keys ``picks``; their tenant column is set."""
-        o = self.objects
-        nbytes = int((offsets[picks + 1] - offsets[picks]).sum()) if picks.size else 0
-        self.reserve(rows.size, nbytes)
-        self.arena_used = int(arena_k.append_keys(self.arena, self.arena_used, offsets, data, picks, rows,
-                                                  o.key_offset, o.key_length))
-        reused = hk.insert_rows(self.table, rows, self.arena, o.key_offset, o.key_length, o.tenant)
-        self.count += rows.size
-        self.tombstones -= reused
-
-    def note_inserted(self, count: int, tombstones_reused: int, arena_used: int) -> None:
+    def note_inserted(self, count: int, arena_used: int) -> None:
         """Book-keeping after a kernel inserted keys directly (see kernels.objects.insert_new_puts)."""
         self.count += count
-        self.tombstones -= tombstones_reused
         self.arena_used = arena_used
 
     def remove(self, rows: np.ndarray) -> None:
         o = self.objects
-        hk.delete_rows(self.table, rows, self.arena, o.key_offset, o.key_length, o.tenant)
+        hk.delete_rows(self.table, rows, self.arena, o.key_ref, o.tenant)
         self.count -= rows.size
-        self.tombstones += rows.size
-        self.arena_garbage += int(o.key_length[rows].sum())
+        self.arena_garbage += int((o.key_ref[rows] & ((1 << hk.KEY_LENGTH_BITS) - 1)).sum())
 
     def keys_of(self, rows: np.ndarray) -> pa.Array:
         o = self.objects
-        offsets, data = arena_k.gather_keys(self.arena, o.key_offset, o.key_length, np.asarray(rows, np.int64))
+        offsets, data = arena_k.gather_keys(self.arena, o.key_ref, np.asarray(rows, np.int64))
         return pa.LargeStringArray.from_buffers(len(rows), pa.py_buffer(offsets), pa.py_buffer(data))
-
-    def key_of(self, row: int) -> str:
-        o = self.objects
-        s = int(o.key_offset[row])
-        return bytes(self.arena[s: s + int(o.key_length[row])]).decode()
 
     def resident_bytes(self) -> int:
         """Index bytes excluding the key bytes themselves (the arena)."""
@@ -122,19 +103,18 @@ class KeyIndex:
     # ---- maintenance -------------------------------------------------------------------------
     def _rebuild(self, capacity: int) -> None:
         o = self.objects
-        rows = self.table[self.table >= 0].astype(np.int64)
-        table = np.full(capacity, hk.EMPTY_SLOT, np.int32)
-        hk.insert_rows(table, rows, self.arena, o.key_offset, o.key_length, o.tenant)
+        rows = hk.slot_rows(self.table)
+        table = np.full(capacity, hk.EMPTY_SLOT, np.int64)
+        hk.insert_rows(table, rows, self.arena, o.key_ref, o.tenant)
         self.table = table
-        self.tombstones = 0
 
     def _compact_arena(self) -> None:
         o = self.objects
-        rows = self.table[self.table >= 0].astype(np.int64)
-        offsets, data = arena_k.gather_keys(self.arena, o.key_offset, o.key_length, rows)
+        rows = hk.slot_rows(self.table)
+        offsets, data = arena_k.gather_keys(self.arena, o.key_ref, rows)
         arena = np.empty(max(self.arena.shape[0], data.size), np.uint8)
         arena[: data.size] = data
-        o.key_offset[rows] = offsets[:-1]
+        arena_k.rebase_refs(o.key_ref, rows, offsets[:-1])
         self.arena = arena
         self.arena_used = int(data.size)
         self.arena_garbage = 0

@@ -17,6 +17,7 @@ _OBJECT_FILL = {
     "group": EMPTY_CODE,
     "client": EMPTY_CODE,
     "tenant": EMPTY_CODE,
+    "inflight": EMPTY_CODE,
 }
 _REPLICA_FILL = {"replica_segment": EMPTY_CODE}
 

@@ -1,0 +1,133 @@
+"""`mooncake-columnar bench <area>` figures: each next to a same-run baseline and a ratio.
+
+These machines are shared and noisy, so absolute seconds are reported together with a baseline
+measured in the same run (a NumPy copy of the same columns, or a Python dict doing the same
+lookups) and the ratio between them.
+"""
+from __future__ import annotations
+
+import contextlib
+import resource
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .clock import ManualClocks
+from .config import MasterConfig
+from .master import MasterService
+from .schema import OBJECT_COLUMNS, REPLICA_COLUMNS
+from .synthetic import KEY_BYTES, fill, mount_segments, synthetic_keys
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _progress(total: int, label: str, enabled: bool) -> Iterator[Callable[[int], None]]:
+    if not enabled:
+        yield lambda n: None
+        return
+    from rich.progress import Progress
+    with Progress(transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def build_master(objects: int, *, segments: int = 4, replicas: int = 1, object_bytes: int = 4096,
+                 show_progress: bool = False, config: MasterConfig | None = None,
+                 clocks: ManualClocks | None = None) -> MasterService:
+    """A master holding ``objects`` complete objects spread over ``segments`` segments."""
+    m = MasterService(config or MasterConfig(), clocks=clocks or ManualClocks(),
+                      initial_capacity=max(1024, objects))
+    seg_bytes = max(1 << 20, int(objects * object_bytes * replicas / segments * 1.25))
+    mount_segments(m, segments, seg_bytes)
+    with _progress(objects, f"building {objects:,} objects", show_progress) as advance:
+        fill(m, objects, object_bytes=object_bytes, replica_num=replicas, progress=advance)
+    return m
+
+
+def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int = 1_000_000,
+               single_gets: int = 20_000, show_progress: bool = False) -> dict:
+    """Put/get throughput, single-key get latency and metadata bytes per object."""
+    m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress)
+    batch = min(batch, objects)
+    rng = np.random.default_rng(7)
+    mem = m.metadata_bytes()  # before the timed puts below add (and free) rows
+
+    # batch put_start + put_end of `batch` fresh keys, steady state: one untimed round first so
+    # that table/column growth (amortized over the build) is not charged to this one batch
+    fresh = synthetic_keys(objects, batch)
+    sizes = np.full(batch, 4096, np.int64)
+
+    def put_round() -> None:
+        m.batch_put_start(fresh, sizes, client_id="client-0")
+        m.batch_put_end(fresh, client_id="client-0")
+
+    put_round()
+    m.batch_remove(fresh, force=True)
+    put_s = _timed(put_round)
+    m.batch_remove(fresh, force=True)
+
+    # batch get of `batch` existing keys in random order
+    picks = synthetic_keys(0, objects).take(rng.integers(0, objects, batch))
+    get_s = _timed(lambda: m.batch_get_replica_list(picks))
+
+    # baseline: a Python dict answering the same lookups (sampled; scaled to the batch)
+    sample = picks.slice(0, min(batch, 200_000)).to_pylist()
+    table = {k: i for i, k in enumerate(sample)}
+    dict_s = _timed(lambda: [table[k] for k in sample]) * batch / len(sample)
+
+    # single-key get latency
+    keys = synthetic_keys(0, objects).take(rng.integers(0, objects, single_gets)).to_pylist()
+    m.get_replica_list(keys[0])
+    lat = np.empty(len(keys), np.int64)
+    for i, k in enumerate(keys):
+        t0 = time.perf_counter_ns()
+        m.get_replica_list(k)
+        lat[i] = time.perf_counter_ns() - t0
+    dlat = np.empty(len(keys), np.int64)
+    for i, k in enumerate(keys):
+        t0 = time.perf_counter_ns()
+        table.get(k)
+        dlat[i] = time.perf_counter_ns() - t0
+
+    # baseline for whole-table work: a NumPy copy of the same columns
+    o = m.objects
+    hw = o.high_water
+    copy_s = _timed(lambda: [np.array(getattr(o, c)[:hw]) for c in
+                             (*OBJECT_COLUMNS, *REPLICA_COLUMNS)])
+    return {
+        "area": "core",
+        "objects": objects,
+        "segments": segments,
+        "replicas": replicas,
+        "key_bytes": KEY_BYTES,
+        "batch_keys": batch,
+        "batch_put_seconds": put_s,
+        "batch_put_keys_per_s": batch / put_s,
+        "batch_get_seconds": get_s,
+        "batch_get_keys_per_s": batch / get_s,
+        "baseline_dict_lookup_keys_per_s": batch / dict_s,
+        "batch_get_ratio_to_dict_baseline": dict_s / get_s,
+        "single_get_median_us": float(np.median(lat)) / 1e3,
+        "single_get_p99_us": float(np.percentile(lat, 99)) / 1e3,
+        "baseline_dict_get_median_us": float(np.median(dlat)) / 1e3,
+        "baseline_copy_seconds": copy_s,
+        "batch_get_ratio_to_baseline_copy": get_s / copy_s,
+        "bytes_per_object": (mem["columns"] + mem["index"] + mem["inflight"]) / objects,
+        "column_bytes_per_object": mem["columns"] / objects,
+        "index_bytes_per_object": mem["index"] / objects,
+        "key_arena_bytes_per_object": mem["key_bytes"] / objects,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+
+
+AREAS: dict[str, Callable[..., dict]] = {"core": bench_core}

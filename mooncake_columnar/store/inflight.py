@@ -1,0 +1,61 @@
+"""InflightTable: state that only in-progress puts need, kept out of the hot object columns.
+
+An object row points at a slot here (``inflight`` column) from put_start until its replicas
+are complete; the slot holds the put start time (system-clock ms, RFC non-goal 7) and the
+pending soft-pin TTL of an ENABLE request.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class InflightTable:
+    def __init__(self, capacity: int = 64) -> None:
+        self.put_start_time_ms = np.zeros(capacity, np.int64)
+        self.pending_soft_pin_ttl_ns = np.zeros(capacity, np.int64)
+        self.in_use = np.zeros(capacity, np.bool_)
+        self.free_slots = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # stack, top at the end
+        self.free_count = capacity
+
+    @property
+    def capacity(self) -> int:
+        return self.put_start_time_ms.size
+
+    def take(self, n: int) -> np.ndarray:
+        if n > self.free_count:
+            self._grow(n - self.free_count)
+        slots = self.free_slots[self.free_count - n: self.free_count][::-1].copy()
+        self.free_count -= n
+        self.in_use[slots] = True
+        return slots
+
+    def release(self, slots: np.ndarray) -> None:
+        slots = np.asarray(slots, np.int64)
+        slots = slots[slots >= 0]
+        self.in_use[slots] = False
+        self.free_slots[self.free_count: self.free_count + slots.size] = slots
+        self.free_count += slots.size
+
+    def oldest_put_start_ms(self) -> int | None:
+        """Earliest put start among in-flight puts (None when there are none)."""
+        if self.free_count == self.capacity:
+            return None
+        return int(self.put_start_time_ms[self.in_use].min())
+
+    def resident_bytes(self) -> int:
+        return (self.put_start_time_ms.nbytes + self.pending_soft_pin_ttl_ns.nbytes + self.in_use.nbytes
+                + self.free_slots.nbytes)
+
+    def _grow(self, extra: int) -> None:
+        old = self.capacity
+        cap = max(2 * old, old + extra)
+        for name in ("put_start_time_ms", "pending_soft_pin_ttl_ns", "in_use"):
+            grown = np.zeros(cap, getattr(self, name).dtype)
+            grown[:old] = getattr(self, name)
+            setattr(self, name, grown)
+        free = np.empty(cap, np.int64)
+        free[: self.free_count] = self.free_slots[: self.free_count]
+        new_slots = np.arange(cap - 1, old - 1, -1, dtype=np.int64)
+        free[self.free_count: self.free_count + new_slots.size] = new_slots
+        self.free_slots = free
+        self.free_count += new_slots.size
