@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +20,7 @@ from .errors import (ErrorCode, InvalidParams, SegmentAlreadyExists, Unavailable
                      error_for_code)
 from .kernels import allocation as ak
 from .kernels import objects as ok
+from .metrics import Metrics
 from .messages import (DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig)
 from .schema import (FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN,
                      FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, MAX_KEY_BYTES,
@@ -28,8 +29,12 @@ from .schema import (FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOF
 from .store.keys import KeyIndex, as_string_array, string_buffers
 from .store.inflight import InflightTable
 from .store.objects import ObjectTable
+from .store.arrow_io import export_tables, load_tables
 from .store.segments import Segment, SegmentTable
 from .store.strings import StringDictionary
+
+if TYPE_CHECKING:
+    from .snapshots.state import SnapshotState
 
 T = TypeVar("T")
 _KINDS = {int(k): k for k in ReplicaKind}
@@ -112,6 +117,7 @@ class MasterService:
         self._group_names: list[str] = []
         self.group_head = np.full(16, -1, np.int64)
         self.next_replica_id = 1
+        self.metrics = Metrics()
         self._ok_clients: set[str] = set()
         self._client_deadline_ns: dict[str, int] = {}
         # Replicas of abandoned puts: space stays allocated until release_at (system ms), as upstream.
@@ -552,6 +558,31 @@ class MasterService:
     @_locked
     def to_arrow(self) -> pa.Table:
         """The object table (one row per object, ordered by row) as a pyarrow Table."""
+        return self._objects_table()
+
+    @_locked
+    def export_state(self) -> "SnapshotState":
+        """The whole state as Arrow tables (steady-ns deadlines of this process)."""
+        from .snapshots.state import SnapshotState
+        objects, replicas, segments = export_tables(self)
+        return SnapshotState(objects, replicas, segments, self.next_replica_id)
+
+    @classmethod
+    def from_state(cls, state: "SnapshotState", *, config: MasterConfig | None = None,
+                   clocks: Clocks | None = None, segments_readable: bool = True) -> "MasterService":
+        """A master rebuilt from a validated SnapshotState whose deadlines are already in this
+        process's steady domain. ``segments_readable=False`` restores every segment with an
+        invalid endpoint (standby promotion: unreadable until its client remounts)."""
+        state.validate()
+        m = cls(config, clocks=clocks, initial_capacity=max(1024, state.objects.num_rows))
+        load_tables(m, state.objects, state.replicas, state.segments, segments_readable=segments_readable)
+        m.next_replica_id = max(m.next_replica_id, int(state.replica_next_id))
+        now = m.clocks.steady_ns()
+        for client in set(state.segments.column("client").to_pylist()):
+            m._touch_client(client, now)  # restored clients must ping within client_live_ttl_s
+        return m
+
+    def _objects_table(self) -> pa.Table:
         o = self.objects
         rows = o.live_rows()
         f = o.flags[rows]
