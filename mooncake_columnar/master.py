@@ -20,7 +20,10 @@ from .errors import (ErrorCode, InvalidParams, SegmentAlreadyExists, Unavailable
                      error_for_code)
 from .kernels import allocation as ak
 from .kernels import objects as ok
+from . import eviction as ev
 from .metrics import Metrics
+from .offload import OffloadQueue
+from .quota import TenantLedger
 from .messages import (DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig)
 from .schema import (FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN,
                      FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, MAX_KEY_BYTES,
@@ -118,6 +121,11 @@ class MasterService:
         self.group_head = np.full(16, -1, np.int64)
         self.next_replica_id = 1
         self.metrics = Metrics()
+        self.ledger = TenantLedger()  # maintained only in multi-tenant mode (quota admission)
+        self.offloads = OffloadQueue(config.offloading_queue_limit)
+        self.eviction_armed = False
+        self._background: threading.Thread | None = None
+        self._stop_background = threading.Event()
         self._ok_clients: set[str] = set()
         self._client_deadline_ns: dict[str, int] = {}
         # Replicas of abandoned puts: space stays allocated until release_at (system ms), as upstream.
@@ -159,9 +167,16 @@ class MasterService:
         o = self.objects
         for code in codes:
             self.segments.allocatable[code] = False  # allocator dropped: nothing on it is freed
-            emptied = ok.drop_slots_on_segment(code, o.high_water, o.flags, o.replica_segment,
+            hw = o.high_water
+            on_seg = np.flatnonzero(((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == int(KIND_MEMORY))
+                                     & (o.replica_status[:hw] != 0)).any(axis=1)) if self._ledger_on else None
+            if on_seg is not None:
+                self._charge(on_seg, -1)
+            emptied = ok.drop_slots_on_segment(code, hw, o.flags, o.replica_segment,
                                                o.replica_status, o.replica_kind)
-            self._erase_rows(emptied)
+            if on_seg is not None:
+                self._charge(np.setdiff1d(on_seg, emptied), +1)
+            self._erase_rows(emptied, charged=False)
             keep = self._discarded_seg != code
             self._drop_discarded(keep)
             self.segments.unmount(code)
@@ -220,10 +235,160 @@ class MasterService:
         return expired
 
     @_locked
-    def tick(self) -> None:
-        """One round of background work (the engine's threads call this; tests call it directly)."""
+    def tick(self) -> "ev.EvictionReport | None":
+        """One round of background work: client expiry, eviction when triggered, expired puts
+        and offloads, release of discarded space. The background thread calls this; tests call
+        it directly with ManualClocks."""
         self.expire_clients()
-        self._release_discarded(self.clocks.system_ns() // NS_PER_MS)
+        now_ms = self.clocks.system_ns() // NS_PER_MS
+        self._discard_expired_puts(now_ms)
+        self._expire_offloads(now_ms)
+        report = self.evict()
+        self._release_discarded(now_ms)
+        return report
+
+    def start(self, interval_s: float = 0.01) -> None:
+        """Run tick() on a background thread every ``interval_s`` (upstream: 10 ms)."""
+        if self._background is not None:
+            return
+        self._stop_background.clear()
+
+        def loop() -> None:
+            while not self._stop_background.wait(interval_s):
+                self.tick()
+
+        self._background = threading.Thread(target=loop, name="mooncake-master-background", daemon=True)
+        self._background.start()
+
+    def stop(self) -> None:
+        if self._background is None:
+            return
+        self._stop_background.set()
+        self._background.join()
+        self._background = None
+
+    # ================================================================================ eviction
+    @_locked
+    def evict(self, target: float | None = None, lower: float | None = None) -> "ev.EvictionReport | None":
+        """One BatchEvict cycle. Without arguments: only when above the high watermark or armed
+        by an allocation failure eviction can fix (upstream trigger). With ``target`` (and
+        optionally ``lower``) as ratios of the eviction base: run exactly that cycle."""
+        if target is None:
+            targets = ev.eviction_targets(self)
+            if targets is None:
+                return None
+            target, lower = targets
+        for name, v in (("target", target), ("lower", lower)):
+            if v is not None and not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise InvalidParams(f"{name} must be a ratio in [0, 1], got {v!r}")
+        return ev.batch_evict(self, float(target), float(target if lower is None else lower))
+
+    @_locked
+    def eviction_plan(self, target: float) -> "ev.EvictionPlan":
+        """What a first pass at ``target`` would remove, without removing it (oplog hook, tests)."""
+        planner = ev._Planner(self, self.clocks.steady_ns())
+        base, nopin, _, _ = ev._census(self, planner.now, False)
+        planner.take(nopin, int(np.ceil(base * target)), allow_soft=False)
+        return planner.plan()
+
+    def _apply_eviction(self, plan: "ev.EvictionPlan") -> tuple[int, int, int]:
+        """Drop planned replicas (offloading instead where configured); returns
+        (objects evicted, bytes freed, offloads queued)."""
+        o = self.objects
+        removed = plan.removed.copy()
+        queued = 0
+        if self.config.enable_offload and self.config.offload_on_evict and plan.rows.size:
+            removed, queued = self._offload_instead(plan.rows, removed)
+        touched = plan.rows[removed.any(axis=1)]
+        if touched.size == 0:
+            return 0, 0, queued
+        self._charge(plan.rows, -1)
+        r_idx, slot = np.nonzero(removed)
+        rows = plan.rows[r_idx]
+        segs = o.replica_segment[rows, slot].astype(np.int64)
+        live = self.segments.allocatable[segs]
+        seg = self.segments
+        ak.free_extent_list(segs[live], o.replica_offset[rows[live], slot[live]], o.size_bytes[rows[live]],
+                            seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
+        freed = int(o.size_bytes[rows].sum())
+        o.replica_status[rows, slot] = 0
+        o.replica_segment[rows, slot] = -1
+        empty = (o.replica_status[plan.rows] == 0).all(axis=1)
+        self._charge(plan.rows[~empty], +1)
+        self._erase_rows(plan.rows[empty], charged=False)
+        return int(touched.size), freed, queued
+
+    # ================================================================================ offload
+    def _offload_instead(self, rows: np.ndarray, removed: np.ndarray) -> tuple[np.ndarray, int]:
+        """Upstream try_evict_or_offload: objects without a LOCAL_DISK copy queue an offload of
+        their first evictable memory replica (pinned by refcnt) instead of losing it."""
+        o = self.objects
+        has_disk = (o.replica_kind[rows] == int(ReplicaKind.LOCAL_DISK)).any(axis=1) & \
+            (o.replica_status[rows] == _COMPLETE).any(axis=1)
+        needs = np.flatnonzero(~has_disk & removed.any(axis=1))
+        room = max(0, min(self.offloads.cycle_cap, self.offloads.limit - len(self.offloads)))
+        queue_now, overflow = needs[:room], needs[room:]
+        src_slot = removed[queue_now].argmax(axis=1)
+        q_rows = rows[queue_now]
+        o.replica_refcnt[q_rows, src_slot] += 1
+        self.offloads.push(q_rows, src_slot, o.replica_id[q_rows, src_slot],
+                           self.clocks.system_ns() // NS_PER_MS)
+        removed = removed.copy()
+        removed[queue_now, src_slot] = False  # the source stays; other evictable replicas go
+        if not self.config.offload_force_evict:
+            removed[overflow] = False         # queue full: keep the data rather than lose it
+        self.metrics.inc("offloads_queued", queue_now.size)
+        return removed, int(queue_now.size)
+
+    @_locked
+    def offload_tasks(self) -> pa.Table:
+        """Queued offloads: which key's replica to copy to its owner's local disk."""
+        q = self.offloads
+        o = self.objects
+        return pa.table({"tenant": self.tenants.decode(o.tenant[q.rows]),
+                         "key": self.keys.keys_of(q.rows).cast(pa.string()),
+                         "client": self.clients.decode(o.client[q.rows]),
+                         "replica_id": q.replica_ids, "size": o.size_bytes[q.rows]})
+
+    @_locked
+    def complete_offload(self, key: str, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> None:
+        """The client copied the object to local disk: add the LOCAL_DISK replica, unpin the source."""
+        offsets, data = _single_key(key)
+        row = int(self._lookup(offsets, data, tenant_id)[0])
+        pos = self.offloads.position_of(row) if row >= 0 else -1
+        if pos < 0:
+            raise error_for_code(ErrorCode.OBJECT_NO_REPLICATION_TASK, f"no offload queued for {key!r}")
+        o = self.objects
+        free_slot = np.flatnonzero(o.replica_status[row] == 0)
+        if free_slot.size == 0:
+            o.ensure_slots(o.slots + 1)
+            free_slot = np.array([o.slots - 1])
+        j = int(free_slot[0])
+        o.replica_status[row, j] = _COMPLETE
+        o.replica_kind[row, j] = int(ReplicaKind.LOCAL_DISK)
+        o.replica_segment[row, j] = self.clients.code(_require_str("client_id", client_id))
+        o.replica_id[row, j] = self.next_replica_id
+        self.next_replica_id += 1
+        o.replica_refcnt[row, self.offloads.slots[pos]] -= 1
+        self.offloads.keep(np.arange(len(self.offloads)) != pos)
+
+    def _expire_offloads(self, now_ms: int) -> None:
+        q = self.offloads
+        late = q.start_ms + self.config.put_start_release_timeout_s * 1000 < now_ms
+        if late.any():
+            self.objects.replica_refcnt[q.rows[late], q.slots[late]] -= 1
+            q.keep(~late)
+
+    def _discard_expired_puts(self, now_ms: int) -> None:
+        """Upstream DiscardExpiredProcessingReplicas: puts older than the release timeout lose
+        their PROCESSING replicas (space released once due) and the object."""
+        o = self.objects
+        slots = np.flatnonzero(self.inflight.in_use)
+        late = slots[self.inflight.put_start_time_ms[slots] + self.config.put_start_release_timeout_s * 1000
+                     < now_ms]
+        if late.size:
+            rows = np.flatnonzero(np.isin(o.inflight[: o.high_water], late)).astype(np.int64)
+            self._discard_puts(rows[(o.replica_status[rows] != _COMPLETE).all(axis=1)], now_ms)
 
     # ================================================================================ puts
     def _resolve_put_config(self, config: ReplicateConfig) -> tuple[int, int, int]:
@@ -314,6 +479,8 @@ class MasterService:
         # otherwise every existing key is complete or recent: the insert kernel reports it
 
         picks = np.flatnonzero(codes == 0)
+        if self._ledger_on and picks.size:
+            picks = self._admit_quota(tenant, config, sizes, picks, codes)
         if picks.size == 0:
             return codes, rows_out
         o.ensure_slots(config.replica_num)
@@ -341,7 +508,42 @@ class MasterService:
         if config.group_id and used:
             gcode = self._group_code(config.tenant_id, config.group_id)
             ok.link_group_members(new, gcode, self.group_head, o.group_next, o.group, o.flags)
+        self._charge(new, +1)
+        if (codes == ErrorCode.NO_AVAILABLE_HANDLE).any():
+            self.metrics.inc("put_start_alloc_failures", int((codes == ErrorCode.NO_AVAILABLE_HANDLE).sum()))
+            # PR #3141: arm eviction only when eviction could fix it (enough memory segments)
+            if int(self.segments.allocatable.sum()) >= config.replica_num:
+                self.eviction_armed = True
         return codes, rows_out
+
+    @property
+    def _ledger_on(self) -> bool:
+        return self.config.enable_multi_tenants
+
+    def _charge(self, rows: np.ndarray, sign: int) -> None:
+        if self._ledger_on:
+            self.ledger.charge(self.objects, rows, sign)
+
+    def _admit_quota(self, tenant: int, config: ReplicateConfig, sizes: np.ndarray, picks: np.ndarray,
+                     codes: np.ndarray) -> np.ndarray:
+        """Multi-tenant admission: keys past the tenant's quota get TENANT_QUOTA_EXCEEDED after
+        up to two rounds of evicting that tenant's expired objects (upstream retries)."""
+        quota = self.config.tenant_quota_bytes.get(config.tenant_id)
+        if quota is None:
+            codes[picks] = ErrorCode.TENANT_NOT_REGISTERED
+            return picks[:0]
+        need = np.cumsum(sizes[picks] * config.replica_num)
+        for _ in range(2):
+            deficit = int(need[-1]) - (quota - self.ledger.used(tenant))
+            if deficit <= 0:
+                break
+            if ev.evict_tenant_for_quota(self, tenant, deficit) == 0:
+                break
+        over = need > quota - self.ledger.used(tenant)
+        codes[picks[over]] = ErrorCode.TENANT_QUOTA_EXCEEDED
+        if over.any():
+            self.metrics.inc("tenant_quota_rejects", int(over.sum()), tenant=config.tenant_id)
+        return picks[~over]
 
     def _group_code(self, tenant: str, group: str) -> int:
         code = self.groups.code(f"{tenant}\0{group}")
@@ -371,10 +573,13 @@ class MasterService:
         o = self.objects
         codes = np.where(rows < 0, np.int32(ErrorCode.OBJECT_NOT_FOUND), np.int32(0)).astype(np.int32)
         released = np.full(rows.size, -1, np.int64)
+        found = rows[rows >= 0]
+        self._charge(found, -1)
         ok.complete_puts(rows, self.clients.find(client), now, codes, o.flags, o.client,
                          o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status,
                          o.inflight, self.inflight.pending_soft_pin_ttl_ns, released)
         self.inflight.release(released)
+        self._charge(found, +1)
         return codes
 
     @_locked
@@ -399,6 +604,7 @@ class MasterService:
         if rows.size == 0:
             return
         o = self.objects
+        self._charge(rows, -1)
         st = o.replica_status[rows]
         r_idx, slot = np.nonzero((st == int(ST_PROCESSING)) & (o.replica_kind[rows] == int(KIND_MEMORY)))
         held = rows[r_idx]
@@ -408,16 +614,18 @@ class MasterService:
         self._discarded_size = np.concatenate((self._discarded_size, o.size_bytes[held]))
         self._discarded_release_ms = np.concatenate((self._discarded_release_ms, release))
         o.replica_status[held, slot] = int(ReplicaStatus.UNDEFINED)  # not freed by the erase below
-        self._erase_rows(rows)
+        self._erase_rows(rows, charged=False)
 
-    def _release_discarded(self, now_ms: int) -> None:
+    def _release_discarded(self, now_ms: int) -> int:
+        """Free discarded replicas whose release time came; returns how many were released."""
         due = self._discarded_release_ms <= now_ms
         if not due.any():
-            return
+            return 0
         seg = self.segments
         ak.free_extent_list(self._discarded_seg[due], self._discarded_off[due], self._discarded_size[due],
                             seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
         self._drop_discarded(~due)
+        return int(due.sum())
 
     def _drop_discarded(self, keep: np.ndarray) -> None:
         self._discarded_seg = self._discarded_seg[keep]
@@ -513,17 +721,22 @@ class MasterService:
         self._erase_rows(doomed)
         return int(doomed.size)
 
-    def _erase_rows(self, rows: np.ndarray) -> None:
-        """Drop objects: free their memory extents, unlink groups and keys, recycle rows."""
+    def _erase_rows(self, rows: np.ndarray, *, charged: bool = True) -> None:
+        """Drop objects: free their memory extents, unlink groups and keys, cancel offloads,
+        recycle rows. ``charged=False``: the caller already took them off the tenant ledger."""
         rows = np.asarray(rows, np.int64)
         if rows.size == 0:
             return
+        if charged:
+            self._charge(rows, -1)
+        if len(self.offloads):
+            self.offloads.keep(~np.isin(self.offloads.rows, rows))
         o = self.objects
         seg = self.segments
         st = o.replica_status[rows]
         segs = o.replica_segment[rows]
         live_mem = (st != int(ReplicaStatus.UNDEFINED)) & (o.replica_kind[rows] == int(KIND_MEMORY)) & (segs >= 0)
-        live_mem &= seg.allocatable[np.where(segs >= 0, segs, 0)]
+        live_mem &= seg.allocatable[np.where(live_mem, segs, 0)]
         r_idx, slot = np.nonzero(live_mem)
         ak.free_extent_list(segs[r_idx, slot].astype(np.int64), o.replica_offset[rows[r_idx], slot],
                             o.size_bytes[rows[r_idx]], seg.extent_starts, seg.extent_lengths,
@@ -660,12 +873,18 @@ class MasterService:
             if st == 0:
                 continue
             code = seg_codes[j]
+            kind = _KINDS[o.replica_kind[row, j]]
+            if kind != ReplicaKind.MEMORY:  # LOCAL_DISK: the segment column holds the owner client
+                if st == _COMPLETE or not readable_only:
+                    out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], "",
+                                                 self.clients.name(code), 0, int(o.size_bytes[row]),
+                                                 st == _COMPLETE))
+                continue
             readable = st == _COMPLETE and code >= 0 and bool(readable_mask[code])
             if readable_only and not readable:
                 continue
             seg = self.segments.info[code]
-            out.append(ReplicaDescriptor(int(o.replica_id[row, j]), _KINDS[o.replica_kind[row, j]],
-                                         _STATUSES[st], seg.name, seg.endpoint,
+            out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], seg.name, seg.endpoint,
                                          seg.base + int(o.replica_offset[row, j]), int(o.size_bytes[row]),
                                          readable))
         return out
@@ -685,15 +904,17 @@ class MasterService:
             chosen = rows[batch_idx]
             ri, j = np.nonzero(o.replica_status[chosen] != 0)
             ki, r = batch_idx[ri], chosen[ri]
-        seg_codes = o.replica_segment[r, j]
-        names = [s.name if s else "" for s in self.segments.info]
-        endpoints = [s.endpoint if s else "" for s in self.segments.info]
-        bases = np.array([s.base if s else 0 for s in self.segments.info], np.int64)
+        # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
+        infos = self.segments.info
+        seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(infos))
+        names = [s.name if s else "" for s in infos] + [""]
+        endpoints = [s.endpoint if s else "" for s in infos] + [""]
+        bases = np.array([s.base if s else 0 for s in infos] + [0], np.int64)
         return pa.table({
             "key_index": ki,
             "replica_id": o.replica_id[r, j],
             "segment": pa.array(names, pa.string()).take(pa.array(seg_codes)),
             "endpoint": pa.array(endpoints, pa.string()).take(pa.array(seg_codes)),
-            "address": (bases[seg_codes] if bases.size else np.zeros(0, np.int64)) + o.replica_offset[r, j],
+            "address": bases[seg_codes] + o.replica_offset[r, j],
             "size": o.size_bytes[r],
         })

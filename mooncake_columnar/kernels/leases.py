@@ -4,10 +4,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..schema import FLAG_GROUPED, FLAG_GROUP_REFRESH
-from .predicates import lease_expired
+from ..schema import FLAG_GROUP_REFRESH
+from .predicates import group_awaits_refresh, is_grouped
 
-_GROUPED = int(FLAG_GROUPED)
 _REFRESH = int(FLAG_GROUP_REFRESH)
 
 
@@ -38,10 +37,10 @@ def grant_read_lease(row, now, ttl_ns, lease, flags, group_next):
     and then every member of the group gets the same deadline (one ``now``).
     """
     f = flags[row]
-    if (f & _GROUPED) == 0:
+    if not is_grouped(f):
         grant(lease, row, now, ttl_ns)
         return
-    if not needs_read_lease_refresh(lease[row], now, ttl_ns) and (f & _REFRESH) == 0:
+    if not needs_read_lease_refresh(lease[row], now, ttl_ns) and not group_awaits_refresh(f):
         return
     deadline = now + ttl_ns
     r = row
@@ -68,12 +67,3 @@ def grant_rows(deadlines, rows, deadline):
         r = rows[i]
         if r >= 0 and deadline > deadlines[r]:
             deadlines[r] = deadline
-
-
-@njit(cache=True)
-def count_unexpired(deadlines, rows, now):
-    n = 0
-    for i in range(rows.shape[0]):
-        if not lease_expired(deadlines[rows[i]], now):
-            n += 1
-    return n

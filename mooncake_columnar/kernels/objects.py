@@ -13,7 +13,9 @@ from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_LIVE, FLAG_PENDING_
 from . import allocation as ak
 from . import hashing as hk
 from .leases import grant_read_lease, grant_until
-from .predicates import is_readable_replica, lease_expired, slot_in_use, slot_is_complete, slot_is_processing, slot_is_removed
+from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_put_in_flight,
+                         is_readable_replica, lease_expired, slot_in_use, slot_is_complete,
+                         slot_is_processing, slot_is_removed)
 
 _BLOCK = 32
 OK = 0
@@ -151,7 +153,7 @@ def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadl
             codes[i] = ILLEGAL_CLIENT
             continue
         f = flags[r]
-        if (f & _PROCESSING_FLAG) == 0:
+        if not is_put_in_flight(f):
             all_complete = True
             for j in range(rep_status.shape[1]):
                 st = rep_status[r, j]
@@ -170,7 +172,7 @@ def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadl
                 completed += 1
         done += completed
         slot = inflight[r]
-        if (f & _PENDING) != 0 and not had_complete and completed > 0:
+        if has_pending_soft_pin(f) and not had_complete and completed > 0:
             ttl = pending_ttl[slot]
             soft_deadline[r] = _I64_MAX if now > _I64_MAX - ttl else now + ttl  # saturating
             f = (f | _SOFT) & ~_PENDING
@@ -276,7 +278,7 @@ def unlink_group_members(rows, group_head, group_next, group_col, flags):
     """Remove rows from their group's circular member list, keeping group_head on a member."""
     for i in range(rows.shape[0]):
         r = rows[i]
-        if (flags[r] & _GROUPED) == 0:
+        if not is_grouped(flags[r]):
             continue
         g = group_col[r]
         p = r
@@ -312,7 +314,7 @@ def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind):
     out = np.empty(rows_hw, np.int64)
     n = 0
     for r in range(rows_hw):
-        if (flags[r] & _LIVE) == 0:
+        if not is_live(flags[r]):
             continue
         touched = False
         remaining = 0
@@ -329,3 +331,14 @@ def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind):
             out[n] = r
             n += 1
     return out[:n]
+
+
+@njit(cache=True)
+def readable_mask(rows, slots, rep_status, rep_kind, rep_seg, seg_readable):
+    """is_readable_replica for each (rows[i], slots[i])."""
+    out = np.empty(rows.shape[0], np.bool_)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        j = slots[i]
+        out[i] = is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable)
+    return out

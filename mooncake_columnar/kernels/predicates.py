@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from numba import njit
 
-from ..schema import (FLAG_HARD_PINNED, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_COMPLETE,
-                      ST_PROCESSING, ST_REMOVED, ST_EMPTY)
+from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE,
+                      FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
+                      ST_COMPLETE, ST_EMPTY, ST_PROCESSING, ST_REMOVED)
 
 _COMPLETE = int(ST_COMPLETE)
 _PROCESSING = int(ST_PROCESSING)
@@ -18,6 +19,11 @@ _EMPTY = int(ST_EMPTY)
 _MEMORY = int(KIND_MEMORY)
 _HARD = int(FLAG_HARD_PINNED)
 _SOFT = int(FLAG_SOFT_PIN_ENABLED)
+_LIVE = int(FLAG_LIVE)
+_GROUPED = int(FLAG_GROUPED)
+_REFRESH = int(FLAG_GROUP_REFRESH)
+_PROC_FLAG = int(FLAG_PROCESSING)
+_PENDING = int(FLAG_PENDING_SOFT_PIN)
 
 
 @njit(inline="always", cache=True)
@@ -34,6 +40,13 @@ def is_readable_replica(status, kind, segment, segment_readable):
 def is_evictable_memory_replica(status, kind, segment, refcnt, segment_readable):
     """Memory kind, COMPLETE, readable and not pinned as a copy/offload source. No TTL."""
     return kind == _MEMORY and refcnt == 0 and is_readable_replica(status, kind, segment, segment_readable)
+
+
+@njit(inline="always", cache=True)
+def is_unreadable_memory_replica(status, kind, segment, refcnt, segment_readable):
+    """A complete, unpinned memory replica kept out of eviction only by readability (RFC guard)."""
+    return (kind == _MEMORY and status == _COMPLETE and refcnt == 0
+            and not is_evictable_memory_replica(status, kind, segment, refcnt, segment_readable))
 
 
 @njit(inline="always", cache=True)
@@ -71,6 +84,32 @@ def soft_pin_active(flags, soft_pin_deadline, now):
 @njit(inline="always", cache=True)
 def is_hard_pinned(flags):
     return (flags & _HARD) != 0
+
+
+@njit(inline="always", cache=True)
+def is_live(flags):
+    return (flags & _LIVE) != 0
+
+
+@njit(inline="always", cache=True)
+def is_grouped(flags):
+    return (flags & _GROUPED) != 0
+
+
+@njit(inline="always", cache=True)
+def group_awaits_refresh(flags):
+    return (flags & _REFRESH) != 0
+
+
+@njit(inline="always", cache=True)
+def is_put_in_flight(flags):
+    """In upstream's processing_keys: some replica of the put is still PROCESSING."""
+    return (flags & _PROC_FLAG) != 0
+
+
+@njit(inline="always", cache=True)
+def has_pending_soft_pin(flags):
+    return (flags & _PENDING) != 0
 
 
 @njit(cache=True)

@@ -14,8 +14,7 @@ import pyarrow.compute as pc
 from ..kernels import hashing as hk
 from ..kernels import objects as ok
 from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED,
-                      KIND_MEMORY, REPLICAS_ARROW_SCHEMA, SEGMENTS_ARROW_SCHEMA,
-                      ReplicaStatus)
+                      KIND_MEMORY, REPLICAS_ARROW_SCHEMA, SEGMENTS_ARROW_SCHEMA)
 from .segments import Segment
 from .strings import StringDictionary
 
@@ -41,11 +40,11 @@ def export_tables(m: "MasterService") -> tuple[pa.Table, pa.Table, pa.Table]:
     status = o.replica_status[rows]
     r_idx, slot = np.nonzero(status != 0)
     src = rows[r_idx]
-    seg_codes = o.replica_segment[src, slot]
     names = [s.name if s else "" for s in m.segments.info] + [""]
-    seg_idx = np.where(seg_codes >= 0, seg_codes, len(names) - 1)
-    readable = (status[r_idx, slot] == int(ReplicaStatus.COMPLETE)) & m.segments.readable[np.maximum(seg_codes, 0)]
-    readable &= seg_codes >= 0
+    memory = o.replica_kind[src, slot] == int(KIND_MEMORY)
+    seg_idx = np.where(memory & (o.replica_segment[src, slot] >= 0), o.replica_segment[src, slot], len(names) - 1)
+    readable = ok.readable_mask(src, slot.astype(np.int64), o.replica_status, o.replica_kind,
+                                o.replica_segment, m.segments.readable)
     replicas = pa.table({
         "object_index": r_idx.astype(np.int64),
         "replica_id": o.replica_id[src, slot],
