@@ -12,6 +12,7 @@ import dataclasses
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,7 @@ from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # One worker: background snapshots publish in the order they were requested.
 _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-snapshot")
@@ -134,19 +136,29 @@ def restore_latest(repo: SnapshotRepository, clocks: Clocks, drop_expired: bool 
 
     Raises :class:`NoUsableSnapshot` (with ``.stats``) when there is no candidate or all fail.
     """
+    return restore_latest_with(repo, clocks, lambda state: state, drop_expired)
+
+
+def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
+                        build: Callable[[SnapshotState], T], drop_expired: bool = True
+                        ) -> tuple[T, SnapshotManifest, RestoreStats]:
+    """:func:`restore_latest`, with ``build`` (e.g. rebuilding the engine) run on each cleaned
+    candidate inside the candidate's failure scope: if ``build`` raises, the candidate fails as a
+    whole and the next one is tried."""
     stats = RestoreStats()
     for snapshot_id in repo.candidates():
         stats.candidates_tried += 1
         try:
             state, manifest, now_ns = _restore_candidate(repo, snapshot_id, clocks)
+            state, dropped = cleanup_state(state, now_ns, drop_expired)
+            built = build(state)
         except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)
             stats.fallbacks += 1
             stats.conversion_failures += isinstance(e, ClockConversionError)
             stats.failures.append((snapshot_id, f"{type(e).__name__}: {e}"))
             log.warning("snapshot candidate %s rejected: %s", snapshot_id, e)
             continue
-        state, dropped = cleanup_state(state, now_ns, drop_expired)
         stats.snapshot_id, stats.format_version = snapshot_id, manifest.version
         stats.objects_restored, stats.objects_dropped = state.objects.num_rows, dropped
-        return state, manifest, stats
+        return built, manifest, stats
     raise NoUsableSnapshot(f"no usable snapshot among {stats.candidates_tried} candidates", stats)

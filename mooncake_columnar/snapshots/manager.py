@@ -1,0 +1,237 @@
+"""Periodic complete snapshots of a live MasterService, and restoring a MasterService from them.
+
+Writer (RFC Phase 3 "Snapshot write sequence"): under the master's lock, export the state (column
+copies, so later mutations cannot leak into the snapshot) and capture ONE (system, steady) pair;
+release the lock; encode and publish (payloads, manifest LAST, then latest.txt) on the caller's
+thread or this manager's single writer thread; apply retention.
+
+Restore: :func:`restore_master` runs :func:`restore_latest` (v2 and v1 candidates, newest first,
+whole-candidate fallback), then rebuilds the engine with ``MasterService.from_state``. No recovery
+TTL is granted: the converted historical deadlines stand.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from ..clock import NS_PER_MS, Clocks
+from ..config import MasterConfig
+from ..errors import InvalidParams
+from .arrow_codec import encode_state
+from .complete import RestoreStats, restore_latest_with
+from .manifest import snapshot_id_for, v1_manifest, v2_manifest
+from .mooncake_v1 import encode_v1
+from .repository import SnapshotRepository
+from .state import SnapshotState
+
+if TYPE_CHECKING:
+    from ..master import MasterService
+
+log = logging.getLogger(__name__)
+
+_COMPRESSIONS = (None, "zstd", "lz4")
+
+
+def _id_ms(snapshot_id: str) -> int:
+    """Unix ms of a ``YYYYMMDD_HHMMSS_mmm`` id (UTC, as :func:`snapshot_id_for` writes it)."""
+    dt = datetime.strptime(snapshot_id[:15], "%Y%m%d_%H%M%S").replace(tzinfo=timezone.utc)
+    return int(dt.timestamp()) * 1000 + int(snapshot_id[16:])
+
+
+class SnapshotManager:
+    """Complete snapshots of ``master`` into ``repo``.
+
+    ``write_v1=True`` publishes upstream's ``messagepack|1.0.0`` format instead of v2 (rollback to
+    a v1-only master); both formats restore here. ``retention`` snapshots are kept (upstream
+    ``snapshot_retention_count``, which must be >= 1).
+    """
+
+    def __init__(self, master: "MasterService", repo: SnapshotRepository, *,
+                 interval_s: float = 600, retention: int = 2, compression: str | None = None,
+                 write_v1: bool = False) -> None:
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or interval_s <= 0:
+            raise InvalidParams(f"interval_s must be a positive number, got {interval_s!r}")
+        if isinstance(retention, bool) or not isinstance(retention, int) or retention < 1:
+            raise InvalidParams(f"retention must be an int >= 1, got {retention!r}")
+        if compression not in _COMPRESSIONS:
+            raise InvalidParams(f"compression must be one of {_COMPRESSIONS}, got {compression!r}")
+        if write_v1 and compression is not None:
+            raise InvalidParams("compression applies to v2 Arrow payloads only (v1 is always zstd)")
+        self.master = master
+        self.repo = repo
+        self.interval_s = float(interval_s)
+        self.retention = retention
+        self.compression = compression
+        self.write_v1 = bool(write_v1)
+        self._id_lock = threading.Lock()
+        self._last_id: str | None = None
+        self._id_initialized = False
+        # One worker: background snapshots publish in the order they were frozen.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-snapshot")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- one snapshot ---------------------------------------------------------------------------
+    def freeze(self) -> tuple[SnapshotState, int, int]:
+        """(state, system_now_ns, steady_now_ns) captured together under the master's lock."""
+        m = self.master
+        t0 = time.perf_counter()
+        with m._lock:
+            state = m.export_state()
+            # ONE pair for the whole frozen state (never per object): RFC "Snapshot clock context".
+            system_ns, steady_ns = m.clocks.system_ns(), m.clocks.steady_ns()
+        m.metrics.set("snapshot_lock_held_seconds", time.perf_counter() - t0)
+        return state, int(system_ns), int(steady_ns)
+
+    def _next_id(self, system_ns: int) -> str:
+        """Upstream id of S0, bumped by 1 ms past the newest id seen if the wall clock did not
+        move forward (two snapshots in one ms, or a backward jump): ids order the candidates."""
+        sid = snapshot_id_for(system_ns)
+        with self._id_lock:
+            if not self._id_initialized:
+                existing = self.repo.list()
+                self._last_id = existing[0] if existing else None
+                self._id_initialized = True
+            if self._last_id is not None and sid <= self._last_id:
+                sid = snapshot_id_for((_id_ms(self._last_id) + 1) * NS_PER_MS)
+            self._last_id = sid
+        return sid
+
+    def _encode_and_publish(self, state: SnapshotState, system_ns: int, steady_ns: int,
+                            t0: float) -> str:
+        metrics = self.master.metrics
+        try:
+            sid = self._next_id(system_ns)
+            if self.write_v1:
+                payloads = encode_v1(state, system_now_ns=system_ns, steady_now_ns=steady_ns)
+                manifest = v1_manifest(sid).encode()
+            else:
+                payloads = encode_state(state, self.compression)
+                manifest = v2_manifest(sid, system_ns, steady_ns).encode()
+            self.repo.publish(sid, payloads, manifest)
+        except Exception:
+            metrics.inc("snapshot_failure")
+            log.exception("complete snapshot failed")
+            raise
+        metrics.set("snapshot_bytes", float(sum(map(len, payloads.values())) + len(manifest)))
+        try:
+            deleted = self.repo.retain(self.retention)
+        except Exception:  # the snapshot itself is published and usable: only retention failed
+            log.exception("snapshot retention failed after publishing %s", sid)
+            metrics.inc("snapshot_retention_failure")
+        else:
+            if deleted:
+                log.info("snapshot retention deleted %s", deleted)
+        metrics.inc("snapshot_success")
+        metrics.set("snapshot_duration_seconds", time.perf_counter() - t0)
+        return sid
+
+    def snapshot_now(self, *, background: bool = False) -> str | Future[str]:
+        """Freeze now and publish; returns the snapshot id, or its Future when ``background``.
+
+        The freeze always happens on the calling thread, so the snapshot reflects the master at
+        the moment of the call even when encoding and upload run later.
+        """
+        t0 = time.perf_counter()
+        try:
+            state, system_ns, steady_ns = self.freeze()
+        except Exception:
+            self.master.metrics.inc("snapshot_failure")
+            raise
+        if background:
+            return self._executor.submit(self._encode_and_publish, state, system_ns, steady_ns, t0)
+        return self._encode_and_publish(state, system_ns, steady_ns, t0)
+
+    # ---- periodic -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Snapshot every ``interval_s`` on a daemon thread until :meth:`stop`."""
+        if self._thread is not None:
+            raise InvalidParams("snapshot manager already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="mooncake-snapshot-timer",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # Event.wait returns early on stop(): no sleeping thread outlives the manager.
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.snapshot_now()
+            except Exception:  # counted and logged in snapshot_now; the next period retries
+                pass
+
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop the periodic thread (interrupting its wait) and the writer thread."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and wait:
+            thread.join()
+        self._executor.shutdown(wait=wait)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> "SnapshotManager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def primary_snapshot_manager(master: "MasterService", repo: SnapshotRepository, *,
+                             enable_snapshot: bool, enable_oplog: bool, start: bool = True,
+                             **kwargs) -> SnapshotManager | None:
+    """Upstream's gate: the primary runs the complete-snapshot writer only when
+    ``enable_snapshot and not enable_oplog``; in batch-record oplog mode snapshots are owned by
+    the standby, so nothing is created or started and None is returned."""
+    if not enable_snapshot:
+        return None
+    if enable_oplog:
+        log.info("Skipping primary snapshot generation: oplog mode, snapshots are owned by standby")
+        master.metrics.inc("snapshot_writer_skipped_oplog_mode")
+        return None
+    manager = SnapshotManager(master, repo, **kwargs)
+    if start:
+        manager.start()
+    return manager
+
+
+def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = None,
+                   clocks: Clocks | None = None, snapshot_restore_drop_expired: bool = True,
+                   drop_expired: bool | None = None) -> tuple["MasterService", RestoreStats]:
+    """A MasterService rebuilt from the newest usable complete snapshot (v2 or v1).
+
+    ``snapshot_restore_drop_expired`` (alias ``drop_expired``): drop non-hard-pinned objects whose
+    lease and soft pin are both expired (RFC default); False keeps them as evictable cache.
+    Segments come back mounted and readable; their clients must ping/remount within
+    ``client_live_ttl_s``. Raises :class:`~mooncake_columnar.errors.NoUsableSnapshot` (with
+    ``.stats``) when every candidate fails.
+    """
+    from ..clock import MonotonicClocks
+    from ..master import MasterService
+
+    if drop_expired is not None:
+        snapshot_restore_drop_expired = drop_expired
+    if not isinstance(snapshot_restore_drop_expired, bool):
+        raise InvalidParams("snapshot_restore_drop_expired must be a bool")
+    clocks = clocks if clocks is not None else MonotonicClocks()
+    t0 = time.perf_counter()
+
+    def build(state: SnapshotState) -> "MasterService":
+        # Inside the candidate's failure scope: an engine-side rejection falls back too.
+        return MasterService.from_state(state, config=config, clocks=clocks, segments_readable=True)
+
+    master, manifest, stats = restore_latest_with(repo, clocks, build, snapshot_restore_drop_expired)
+    metrics = master.metrics
+    metrics.inc("restore_v2_total" if manifest.is_v2 else "restore_v1_total")
+    metrics.inc("clock_conversion_failures_total", stats.conversion_failures)
+    metrics.inc("snapshot_candidate_fallbacks_total", stats.fallbacks)
+    metrics.set("restore_objects_restored", stats.objects_restored)
+    metrics.set("restore_objects_dropped", stats.objects_dropped)
+    metrics.set("restore_duration_seconds", time.perf_counter() - t0)
+    return master, stats
