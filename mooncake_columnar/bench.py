@@ -130,4 +130,6 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
     }
 
 
-AREAS: dict[str, Callable[..., dict]] = {"core": bench_core}
+from .bench_snapshot import bench_snapshot  # noqa: E402 (it imports build_master lazily)
+
+AREAS: dict[str, Callable[..., dict]] = {"core": bench_core, "snapshot": bench_snapshot}

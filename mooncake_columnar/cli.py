@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--replicas", type=int, default=1)
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=_cmd_bench)
+    # ---- snapshot ls|inspect|verify (implemented in snapshot_cli.py) ----
+    from . import snapshot_cli
+    snapshot_cli.add_parser(sub)
     return p
 
 

@@ -111,9 +111,13 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
     return cleaned, int(n - objects.num_rows)
 
 
-def _restore_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks
-                       ) -> tuple[SnapshotState, SnapshotManifest, int]:
-    """Decode one candidate into the current steady domain; returns (state, manifest, C1)."""
+def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks
+                     ) -> tuple[SnapshotState, SnapshotManifest, int]:
+    """Decode one candidate into the current steady domain; returns (state, manifest, C1).
+
+    (S1, C1) is read once, before anything is downloaded or decoded, so the time decoding takes
+    keeps reducing every lease (RFC Phase 3). Raises on any problem with the candidate.
+    """
     restore_system_ns, restore_steady_ns = clocks.system_ns(), clocks.steady_ns()
     manifest = parse_manifest(repo.read_manifest(snapshot_id))
     if manifest.snapshot_id != snapshot_id:
@@ -149,7 +153,7 @@ def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
     for snapshot_id in repo.candidates():
         stats.candidates_tried += 1
         try:
-            state, manifest, now_ns = _restore_candidate(repo, snapshot_id, clocks)
+            state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks)
             state, dropped = cleanup_state(state, now_ns, drop_expired)
             built = build(state)
         except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)

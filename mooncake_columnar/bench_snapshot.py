@@ -1,0 +1,110 @@
+"""`mooncake-columnar bench snapshot`: complete-snapshot write and restore next to a same-run baseline.
+
+Write = freeze under the lock (export + one clock pair) + Arrow IPC encode + digest + publish to a
+temporary local directory (page cache). Restore = ``restore_master``: strict manifest, digest,
+decode, validation, clock conversion, cleanup and the engine rebuild. Baseline: a NumPy copy of
+the master's object columns. The same table is also written and decoded as upstream v1
+(msgpack + zstd) for a side-by-side ratio when ``objects <= v1_max_objects``.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .clock import NS_PER_S, ManualClocks
+from .schema import OBJECT_COLUMNS
+from .snapshots.manager import SnapshotManager, restore_master
+from .snapshots.mooncake_v1 import decode_v1, encode_v1
+from .snapshots.repository import SnapshotRepository
+from .snapshots.state import SnapshotState
+from .synthetic import synthetic_keys
+
+
+def _uuid_clients(state: SnapshotState) -> SnapshotState:
+    """Synthetic client names -> upstream "<u64>-<u64>" ids (the v1 writer requires them)."""
+    names = pc.unique(pa.chunked_array([state.objects.column("client").combine_chunks(),
+                                        state.segments.column("client").combine_chunks()]))
+    uuids = pa.array([f"{i + 1}-{i + 1}" for i in range(len(names))], pa.string())  # few clients
+
+    def relabel(table: pa.Table) -> pa.Table:
+        idx = table.schema.get_field_index("client")
+        codes = pc.index_in(table.column("client"), value_set=names)
+        return table.set_column(idx, table.schema.field("client"), uuids.take(codes))
+
+    return SnapshotState(relabel(state.objects), state.replicas, relabel(state.segments),
+                         state.replica_next_id)
+
+
+def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_progress: bool = False,
+                   v1_max_objects: int = 2_000_000) -> dict:
+    """Snapshot write/restore seconds and bytes, with ratios to a same-run column copy."""
+    from .bench import build_master, peak_rss_bytes  # bench.py imports this module for AREAS
+    clocks = ManualClocks()
+    m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
+                     clocks=clocks)
+    # every object gets an active read lease, so default cleanup keeps them all on restore
+    m.batch_get_replica_list(synthetic_keys(0, objects))
+    clocks.advance(ms=1)
+
+    o = m.objects
+    hw = o.high_water
+    t0 = time.perf_counter()
+    [np.array(getattr(o, c)[:hw]) for c in OBJECT_COLUMNS]
+    copy_s = time.perf_counter() - t0
+
+    with tempfile.TemporaryDirectory(prefix="mooncake-bench-snapshot-") as tmp:
+        repo = SnapshotRepository(tmp)
+        manager = SnapshotManager(m, repo)
+        t0 = time.perf_counter()
+        sid = manager.snapshot_now()
+        write_s = time.perf_counter() - t0
+        lock_s = m.metrics.get("snapshot_lock_held_seconds")
+        snap_dir = Path(tmp) / repo.cluster_id / sid
+        snapshot_bytes = sum(p.stat().st_size for p in snap_dir.iterdir())
+
+        # a new process: unrelated steady epoch, wall clock 1 s later
+        restore_clocks = ManualClocks(steady_ns=3 * NS_PER_S, system_ns=clocks.system_ns() + NS_PER_S)
+        t0 = time.perf_counter()
+        restored, stats = restore_master(repo, config=m.config, clocks=restore_clocks)
+        restore_s = time.perf_counter() - t0
+        manager.stop()
+
+    result = {
+        "area": "snapshot",
+        "objects": objects,
+        "segments": segments,
+        "replicas": replicas,
+        "snapshot_write_seconds": write_s,
+        "snapshot_lock_held_seconds": lock_s,
+        "snapshot_restore_seconds": restore_s,
+        "snapshot_bytes": snapshot_bytes,
+        "bytes_per_object": snapshot_bytes / max(1, objects),
+        "restored_objects": restored.object_count(),
+        "baseline_copy_seconds": copy_s,
+        "write_ratio_to_baseline": write_s / copy_s,
+        "restore_ratio_to_baseline": restore_s / copy_s,
+    }
+    del restored
+    if objects <= v1_max_objects:
+        # upstream v1 codec on the same table (encode/decode only, no storage)
+        state = _uuid_clients(m.export_state())
+        t0 = time.perf_counter()
+        payloads = encode_v1(state, system_now_ns=clocks.system_ns(), steady_now_ns=clocks.steady_ns())
+        v1_encode_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        decode_v1(payloads, restore_system_ns=clocks.system_ns(), restore_steady_ns=0)
+        v1_decode_s = time.perf_counter() - t0
+        result.update({
+            "v1_encode_seconds": v1_encode_s,
+            "v1_decode_seconds": v1_decode_s,
+            "v1_bytes": sum(map(len, payloads.values())),
+            "v1_encode_ratio_to_v2_write": v1_encode_s / write_s,
+            "v1_decode_ratio_to_v2_restore": v1_decode_s / restore_s,
+        })
+    result["peak_rss_bytes"] = peak_rss_bytes()
+    return result
