@@ -1,0 +1,1 @@
+"""asv benchmarks of mooncake-columnar: one module per area (see ARCHITECTURE.md section 7)."""

@@ -1,0 +1,167 @@
+"""v2 complete snapshots: Arrow codec, and write/restore through a local SnapshotRepository.
+
+``setup_cache`` writes one snapshot per object count once per asv run; benchmarks read it back
+instead of rebuilding a master (restoring 1e7 objects from disk is several times cheaper).
+Budget at 1e7 objects: write <= 2 s, restore <= 1 s (ARCHITECTURE.md section 7). Ratios divide
+by a same-run copy (codec) or raw file write/read (repository) of the same payload bytes.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from mooncake_columnar.bench import build_master
+from mooncake_columnar.clock import ManualClocks
+from mooncake_columnar.master import MasterService
+from mooncake_columnar.snapshots.arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, encode_state
+from mooncake_columnar.snapshots.complete import restore_latest_with, write_snapshot
+from mooncake_columnar.snapshots.repository import SnapshotRepository
+from mooncake_columnar.snapshots.state import SnapshotState
+
+from ._common import OBJECT_COUNTS, SEGMENTS, TIMEOUT_S, best_seconds
+
+FILES = (*PAYLOAD_FILES, DIGEST_FILE)
+Cache = dict[int, str]  # object count -> local repository path holding one published snapshot
+WARMUP_OBJECTS = 1024  # a tiny snapshot, restored in setup to compile the kernels from_state uses
+
+_PAYLOADS: dict[int, dict[str, bytes]] = {}
+_STATES: dict[int, SnapshotState] = {}
+
+
+def write_repositories() -> Cache:
+    """One published snapshot per object count, in the asv cache directory (the cwd)."""
+    repos: Cache = {}
+    for objects in sorted({WARMUP_OBJECTS, *OBJECT_COUNTS}):
+        path = os.path.abspath(f"snapshot-repo-{objects}")
+        clocks = ManualClocks()
+        # Not cached_master: this process would otherwise hold every size at once.
+        write_snapshot(SnapshotRepository(path), build_master(objects, segments=SEGMENTS).export_state(),
+                       clocks.system_ns(), clocks.steady_ns())
+        repos[objects] = path
+    return repos
+
+
+def payloads(cache: Cache, objects: int) -> dict[str, bytes]:
+    if objects not in _PAYLOADS:
+        repo = SnapshotRepository(cache[objects])
+        _PAYLOADS[objects] = repo.read_payloads(repo.latest(), FILES)
+    return _PAYLOADS[objects]
+
+
+def state(cache: Cache, objects: int) -> SnapshotState:
+    if objects not in _STATES:
+        _STATES[objects] = decode_state(payloads(cache, objects))
+    return _STATES[objects]
+
+
+def restore(path: str) -> MasterService:
+    """What a restarting master does: newest candidate, convert, clean up, rebuild the engine.
+
+    drop_expired=False keeps every object: the worst case, as if every lease were still live.
+    """
+    clocks = ManualClocks()
+    master, _, _ = restore_latest_with(SnapshotRepository(path), clocks,
+                                       lambda s: MasterService.from_state(s, clocks=clocks),
+                                       drop_expired=False)
+    return master
+
+
+class _Snapshot:
+    params = OBJECT_COUNTS
+    param_names = ["objects"]
+    timeout = TIMEOUT_S
+
+    def setup_cache(self) -> Cache:
+        return write_repositories()
+
+    setup_cache.timeout = TIMEOUT_S
+
+
+class Codec(_Snapshot):
+    def setup(self, cache: Cache, objects: int) -> None:
+        self.payloads = payloads(cache, objects)
+        self.state = state(cache, objects)
+
+    def time_encode_state(self, cache: Cache, objects: int) -> None:
+        encode_state(self.state)
+
+    def time_decode_state(self, cache: Cache, objects: int) -> None:
+        decode_state(self.payloads)
+
+    def _copy_s(self) -> float:
+        return best_seconds(lambda: [bytearray(data) for data in self.payloads.values()])
+
+    def track_encode_ratio_to_baseline(self, cache: Cache, objects: int) -> float:
+        return best_seconds(lambda: encode_state(self.state)) / self._copy_s()
+
+    track_encode_ratio_to_baseline.unit = "ratio"
+
+    def track_decode_ratio_to_baseline(self, cache: Cache, objects: int) -> float:
+        return best_seconds(lambda: decode_state(self.payloads)) / self._copy_s()
+
+    track_decode_ratio_to_baseline.unit = "ratio"
+
+    def track_snapshot_bytes_per_object(self, cache: Cache, objects: int) -> float:
+        return sum(len(data) for data in self.payloads.values()) / objects
+
+    track_snapshot_bytes_per_object.unit = "bytes"
+
+
+class Write(_Snapshot):
+    """write_snapshot (encode + digest + publish) into an empty local repository."""
+
+    def setup(self, cache: Cache, objects: int) -> None:
+        self.state = state(cache, objects)
+        self.payloads = payloads(cache, objects)
+        self.clocks = ManualClocks()
+        self.dir = tempfile.mkdtemp(prefix="mooncake-asv-snapshot-")
+
+    def teardown(self, cache: Cache, objects: int) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)  # 1e7 objects: ~1.5 GB per written snapshot
+
+    def _write(self) -> None:
+        self.clocks.advance(s=1)  # a new snapshot id per write
+        write_snapshot(SnapshotRepository(self.dir), self.state, self.clocks.system_ns(),
+                       self.clocks.steady_ns())
+
+    def time_write_snapshot(self, cache: Cache, objects: int) -> None:
+        self._write()
+
+    def track_write_ratio_to_baseline(self, cache: Cache, objects: int) -> float:
+        raw = Path(self.dir, "raw")
+        raw.mkdir()
+
+        def write_raw() -> None:
+            for name, data in self.payloads.items():
+                (raw / name).write_bytes(data)
+
+        return best_seconds(self._write) / best_seconds(write_raw)
+
+    track_write_ratio_to_baseline.unit = "ratio"
+
+
+class Restore(_Snapshot):
+    """restore_latest + MasterService.from_state from the cached repository (nothing else held)."""
+
+    def setup(self, cache: Cache, objects: int) -> None:
+        restore(cache[WARMUP_OBJECTS])
+
+    def time_restore(self, cache: Cache, objects: int) -> None:
+        restore(cache[objects])
+
+    def peakmem_restore(self, cache: Cache, objects: int) -> None:
+        restore(cache[objects])
+
+    def track_restore_ratio_to_baseline(self, cache: Cache, objects: int) -> float:
+        repo = SnapshotRepository(cache[objects])
+        snapshot_dir = Path(cache[objects], repo.cluster_id, repo.latest())
+
+        def read_raw() -> None:
+            for name in FILES:
+                (snapshot_dir / name).read_bytes()
+
+        return best_seconds(lambda: restore(cache[objects])) / best_seconds(read_raw)
+
+    track_restore_ratio_to_baseline.unit = "ratio"
