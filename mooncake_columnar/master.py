@@ -692,7 +692,12 @@ class MasterService:
         codes = np.empty(rows.size, np.int32)
         ok.classify_removals(rows, self.clocks.steady_ns(), force, self.objects.lease_deadline_ns,
                              self.objects.replica_status, codes)
-        self._erase_rows(np.unique(rows[codes == 0]))
+        removed = np.flatnonzero(codes == 0)
+        doomed, first = np.unique(rows[removed], return_index=True)
+        repeat = np.ones(removed.size, np.bool_)
+        repeat[first] = False
+        codes[removed[repeat]] = ErrorCode.OBJECT_NOT_FOUND  # a repeated key: gone by its turn
+        self._erase_rows(doomed)
         return codes
 
     @_locked
@@ -790,6 +795,7 @@ class MasterService:
         m = cls(config, clocks=clocks, initial_capacity=max(1024, state.objects.num_rows))
         load_tables(m, state.objects, state.replicas, state.segments, segments_readable=segments_readable)
         m.next_replica_id = max(m.next_replica_id, int(state.replica_next_id))
+        m._charge(m.objects.live_rows(), +1)  # rebuild tenant usage from the restored replicas
         now = m.clocks.steady_ns()
         for client in set(state.segments.column("client").to_pylist()):
             m._touch_client(client, now)  # restored clients must ping within client_live_ttl_s

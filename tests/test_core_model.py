@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig, SoftPinAction
 from mooncake_columnar.errors import MooncakeError
@@ -44,6 +44,18 @@ class EngineVsModel(RuleBasedStateMachine):
     def now_ms(self):
         return self.clocks.system_ns() // 1_000_000
 
+    @initialize()
+    def mount_two_segments(self):
+        self.mount("s0", "c0")
+        self.mount("s1", "c1")
+
+    @rule(keys=st.lists(KEYS, min_size=1, max_size=6), size=st.integers(1, 40), tenant=TENANTS,
+          group=st.sampled_from(["", "g1"]))
+    def put_and_complete(self, keys, size, tenant, group):
+        for key in keys:
+            self._put_start(key, tenant, size, "c0", 1, False, None, group, ())
+            self._put_end(key, tenant, "c0")
+
     @rule(name=SEGS, client=CLIENTS)
     def mount(self, name, client):
         base = 1 << 20 if client == "c0" else 1 << 30
@@ -61,6 +73,9 @@ class EngineVsModel(RuleBasedStateMachine):
           soft=st.sampled_from([None, 0, 500, "default"]), group=st.sampled_from(["", "g1"]),
           preferred=st.sampled_from([(), ("s2",), ("s1", "s0")]))
     def put_start(self, key, tenant, size, client, replica_num, hard, soft, group, preferred):
+        self._put_start(key, tenant, size, client, replica_num, hard, soft, group, preferred)
+
+    def _put_start(self, key, tenant, size, client, replica_num, hard, soft, group, preferred):
         if soft is None:
             action, ttl, model_ttl = SoftPinAction.PRESERVE, None, 0
         else:
@@ -84,6 +99,9 @@ class EngineVsModel(RuleBasedStateMachine):
 
     @rule(key=KEYS, tenant=TENANTS, client=CLIENTS)
     def put_end(self, key, tenant, client):
+        self._put_end(key, tenant, client)
+
+    def _put_end(self, key, tenant, client):
         code, _ = code_of(self.m.put_end, key, client_id=client, tenant_id=tenant)
         assert code == self.ref.put_end(tenant, key, client, self.now)
 
@@ -159,12 +177,23 @@ class EngineVsModel(RuleBasedStateMachine):
     def ping(self, client):
         assert int(self.m.ping(client)) == self.ref.ping(client, self.now)
 
+    def _rows(self):
+        t = self.m.to_arrow()
+        rows = self.m.objects.live_rows().tolist()
+        return {(tn, k): r for tn, k, r in zip(t["tenant"].to_pylist(), t["key"].to_pylist(), rows)}
+
     @rule()
     def tick(self):
-        self.m.tick()
-        expired = self.ref.expire_clients(self.now)
-        self.ref._release(self.now_ms)
-        assert expired is not None
+        rows = self._rows()
+        report = self.m.tick()
+        expected = self.ref.tick(self.now, self.now_ms, rows)
+        assert (report.evicted_objects if report else None) == expected
+
+    @rule(ratio=st.sampled_from([0.1, 0.5, 1.0]), lower_share=st.sampled_from([0.0, 0.5, 1.0]))
+    def evict(self, ratio, lower_share):
+        rows = self._rows()
+        report = self.m.evict(target=ratio, lower=ratio * lower_share)
+        assert report.evicted_objects == self.ref.evict(ratio, ratio * lower_share, self.now, self.now_ms, rows)
 
     @invariant()
     def same_state(self):

@@ -5,6 +5,7 @@ lockstep with MasterService and compare every observable result. Codes are Error
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -91,6 +92,10 @@ class ReferenceMaster:
         self.next_id = 1
         self.ok_clients: set[str] = set()
         self.client_deadline: dict[str, int] = {}
+        self.eviction_armed = False
+        self.eviction_ratio = 0.05
+        self.high_watermark = 0.90
+        self.allow_soft = True
 
     # ---- segments ----------------------------------------------------------------------------
     def mount(self, name, endpoint, client, base, size, now) -> int:
@@ -168,6 +173,8 @@ class ReferenceMaster:
             if off >= 0:
                 replicas.append((name, off))
         if not replicas:
+            if len(self.segments) >= replica_num:  # eviction could help: arm it (PR #3141)
+                self.eviction_armed = True
             return E.NO_AVAILABLE_HANDLE
         reps = []
         for name, off in replicas:
@@ -212,14 +219,94 @@ class ReferenceMaster:
         self._erase((tenant, key))
         return E.OK
 
-    def _release(self, now_ms) -> None:
+    def _release(self, now_ms) -> int:
         keep = []
         for d in self.discarded:
             if d[3] <= now_ms:
                 self.segments[d[0]].release(d[1], d[2])
             else:
                 keep.append(d)
+        released = len(self.discarded) - len(keep)
         self.discarded = keep
+        return released
+
+    def discard_expired_puts(self, now_ms) -> None:
+        for k, obj in list(self.objects.items()):
+            if obj.processing and obj.put_start_ms + self.release_ms < now_ms and \
+                    not any(r.status == COMPLETE for r in obj.replicas):
+                for r in obj.replicas:
+                    self.discarded.append((r.segment, r.offset, obj.size, obj.put_start_ms + self.release_ms))
+                obj.replicas = []
+                self._erase(k, free=False)
+
+    # ---- eviction ----------------------------------------------------------------------------
+    def _evictable(self, obj) -> bool:
+        return any(self.readable(r) for r in obj.replicas)
+
+    def _candidate(self, obj, now, allow_soft) -> bool:
+        if obj.hard or now < obj.lease or not self._evictable(obj):
+            return False
+        return allow_soft or not (obj.soft_enabled and now < obj.soft_deadline)
+
+    def evict(self, target, lower, now, now_ms, row_of) -> int:
+        """BatchEvict; ties in lease are broken by the engine's row (``row_of``)."""
+        lower = min(lower, target)
+        base = sum(1 for o in self.objects.values() if not o.hard and self._evictable(o))
+        if base == 0:
+            self.eviction_armed = False
+            return 0
+        order = sorted(self.objects, key=lambda k: (self.objects[k].lease, row_of[k]))
+        soft_active = {k for k in order if self.objects[k].soft_enabled and now < self.objects[k].soft_deadline}
+        taken: list = []
+
+        def take(keys, want, allow_soft):
+            n = 0
+            for k in keys:
+                if n >= want:
+                    break
+                obj = self.objects[k]
+                if k in taken or not self._candidate(obj, now, allow_soft):
+                    continue
+                if not obj.group:
+                    taken.append(k)
+                    n += 1
+                    continue
+                members = [m for m in self.objects if m[0] == k[0] and self.objects[m].group == obj.group]
+                if any(now < self.objects[m].lease for m in members):
+                    continue
+                for m in members:
+                    if m not in taken and self._candidate(self.objects[m], now, allow_soft):
+                        taken.append(m)
+                        n += 1
+            return n
+
+        nopin = [k for k in order if k not in soft_active]
+        soft = [k for k in order if k in soft_active] if self.allow_soft else []
+        take(nopin, math.ceil(base * target), False)
+        released = self._release(now_ms)
+        second = math.ceil(base * lower) - len(taken) - released
+        if second > 0:
+            got = take(nopin, second, False)
+            if got < second and self.allow_soft:
+                take(soft, second - got, True)
+        for k in taken:
+            self._erase(k)
+        if taken or released:
+            self.eviction_armed = False
+        return len(taken)
+
+    def tick(self, now, now_ms, row_of) -> int | None:
+        self.expire_clients(now)
+        self.discard_expired_puts(now_ms)
+        cap = sum(s.size for s in self.segments.values())
+        used = sum(s.used for s in self.segments.values()) / cap if cap else 0.0
+        evicted = None
+        if used > self.high_watermark or (self.eviction_armed and self.eviction_ratio > 0):
+            target = max(self.eviction_ratio, used - self.high_watermark + self.eviction_ratio)
+            lower = max(target * 0.5, used - self.high_watermark)
+            evicted = self.evict(target, lower, now, now_ms, row_of)
+        self._release(now_ms)
+        return evicted
 
     # ---- reads -------------------------------------------------------------------------------
     def readable(self, r: RefReplica) -> bool:

@@ -1,0 +1,79 @@
+"""Property tests: the eviction kernels against a slow, obviously-correct NumPy version."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import hypothesis.strategies as st
+import numpy as np
+from hypothesis import given, settings
+
+from mooncake_columnar.kernels import eviction as ek
+from mooncake_columnar.schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
+                                      ST_COMPLETE)
+
+I64 = st.sampled_from([-(2**63), -1, 0, 1, 99, 100, 101, 2**63 - 1]) | st.integers(-(2**63), 2**63 - 1)
+
+
+@st.composite
+def tables(draw):
+    n = draw(st.integers(0, 40))
+    slots = draw(st.integers(1, 3))
+    flags = np.array(draw(st.lists(st.sampled_from([0, 1, 3, 5, 7, 1 | 4]), min_size=n, max_size=n)), np.uint8)
+    lease = np.array(draw(st.lists(I64, min_size=n, max_size=n)), np.int64)
+    soft = np.array(draw(st.lists(I64, min_size=n, max_size=n)), np.int64)
+    cells = n * slots
+    status = np.array(draw(st.lists(st.sampled_from([0, 2, 3, 4]), min_size=cells, max_size=cells)), np.uint8)
+    kind = np.array(draw(st.lists(st.sampled_from([0, 0, 2]), min_size=cells, max_size=cells)), np.uint8)
+    seg = np.array(draw(st.lists(st.integers(-1, 2), min_size=cells, max_size=cells)), np.int32)
+    refcnt = np.array(draw(st.lists(st.sampled_from([0, 0, 1]), min_size=cells, max_size=cells)), np.uint16)
+    readable = np.array(draw(st.lists(st.booleans(), min_size=3, max_size=3)), np.bool_)
+    now = draw(st.sampled_from([0, 100, -(2**63) + 1, 2**63 - 2]))
+    return (now, flags, lease, soft, status.reshape(n, slots), kind.reshape(n, slots),
+            seg.reshape(n, slots), refcnt.reshape(n, slots), readable)
+
+
+def slow_census(now, allow_soft, flags, lease, soft, status, kind, seg, refcnt, readable):
+    seg_ok = np.where(seg >= 0, readable[np.maximum(seg, 0)], False)
+    evictable = (kind == int(KIND_MEMORY)) & (status == int(ST_COMPLETE)) & (refcnt == 0) & seg_ok
+    live = (flags & FLAG_LIVE) != 0
+    hard = (flags & FLAG_HARD_PINNED) != 0
+    has = evictable.any(axis=1)
+    in_base = live & ~hard & has
+    expired = now >= lease
+    soft_active = ((flags & FLAG_SOFT_PIN_ENABLED) != 0) & (now < soft)
+    nopin = np.flatnonzero(in_base & expired & ~soft_active)
+    softs = np.flatnonzero(in_base & expired & soft_active) if allow_soft else np.zeros(0, np.int64)
+    return int(in_base.sum()), nopin, softs
+
+
+@settings(max_examples=300, deadline=None)
+@given(t=tables(), allow_soft=st.booleans(), k=st.integers(0, 50))
+def test_census_and_selection_match_slow_numpy(t, allow_soft, k):
+    now, flags, lease, soft, status, kind, seg, refcnt, readable = t
+    n = flags.size
+    base, nopin, softs, _ = ek.census(now, allow_soft, n, np.zeros(n, np.int32), -1, flags, lease, soft,
+                                      status, kind, seg, refcnt, readable)
+    want = slow_census(now, allow_soft, flags, lease, soft, status, kind, seg, refcnt, readable)
+    assert base == want[0]
+    assert nopin.tolist() == want[1].tolist() and softs.tolist() == want[2].tolist()
+    chosen = ek.earliest_first(nopin, lease, k)
+    expect = sorted(nopin.tolist(), key=lambda r: (lease[r], r))[:k]
+    assert chosen.tolist() == expect
+
+
+def test_only_predicates_module_tests_pin_bits_or_compares_deadlines():
+    """One predicate, one place: other kernel modules call kernels.predicates for these decisions
+    (leases.py owns the grant rules: max-update and the group refresh threshold)."""
+    kernels = pathlib.Path(ek.__file__).parent
+    for path in kernels.glob("*.py"):
+        if path.name in ("predicates.py", "leases.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert not names & {"FLAG_HARD_PINNED", "FLAG_SOFT_PIN_ENABLED", "_HARD", "_SOFT_ENABLED"}, path.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                text = ast.unparse(node)
+                assert not ("lease" in text and "now" in text), f"{path.name}: {text}"
+                assert "soft_deadline" not in text, f"{path.name}: {text}"
