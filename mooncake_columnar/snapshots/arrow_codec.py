@@ -25,27 +25,38 @@ _NEXT_ID_KEY = b"mooncake.replica_next_id"
 _COMPRESSIONS = (None, "zstd", "lz4")
 
 
-def _ipc_bytes(table: pa.Table, compression: str | None, metadata: dict[bytes, bytes]) -> bytes:
+# A payload is bytes or any buffer-protocol object (encode returns pyarrow Buffers: copying
+# hundreds of MB into a bytes object would cost more than writing the IPC file itself).
+Payload = bytes | pa.Buffer
+
+
+def _ipc_bytes(table: pa.Table, compression: str | None, metadata: dict[bytes, bytes]) -> pa.Buffer:
     options = pa.ipc.IpcWriteOptions(compression=compression)
     table = table.replace_schema_metadata(metadata or None)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema, options=options) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
-def digest_of(payloads: dict[str, bytes]) -> bytes:
+def digest_of(payloads: dict[str, Payload]) -> bytes:
     """``digest.json`` bytes for the given payloads (sorted keys: byte-stable)."""
     files = {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
              for name, data in sorted(payloads.items())}
     return json.dumps({"version": DIGEST_VERSION, "files": files}, sort_keys=True).encode()
 
 
-def encode_state(state: SnapshotState, compression: str | None = None) -> dict[str, bytes]:
-    """Payload name -> bytes for a validated state: the three Arrow files and the digest."""
+def encode_state(state: SnapshotState, compression: str | None = None, *,
+                 keys_known_unique: bool = False) -> dict[str, Payload]:
+    """Payload name -> bytes-like for a validated state: the three Arrow files and the digest.
+
+    ``keys_known_unique``: skip the (tenant, key) uniqueness check (a hash aggregate, the most
+    expensive check) when the state comes straight from the engine, whose key index enforces it;
+    every other check still runs, and restore re-checks everything.
+    """
     if compression not in _COMPRESSIONS:
         raise ValueError(f"compression must be one of {_COMPRESSIONS}, not {compression!r}")
-    state.validate()
+    state.validate(check_unique_keys=not keys_known_unique)
     payloads = {
         OBJECTS_FILE: _ipc_bytes(state.objects, compression, {}),
         REPLICAS_FILE: _ipc_bytes(state.replicas, compression,
@@ -56,7 +67,7 @@ def encode_state(state: SnapshotState, compression: str | None = None) -> dict[s
     return payloads
 
 
-def verify_digest(payloads: dict[str, bytes]) -> None:
+def verify_digest(payloads: dict[str, Payload]) -> None:
     """Check every payload against ``digest.json``; the digest must list exactly PAYLOAD_FILES."""
     raw = payloads.get(DIGEST_FILE)
     if raw is None:
@@ -83,7 +94,7 @@ def verify_digest(payloads: dict[str, bytes]) -> None:
             raise SnapshotDigestError(f"{name}: sha256 mismatch")
 
 
-def _read_ipc(data: bytes, schema: pa.Schema, name: str) -> pa.Table:
+def _read_ipc(data: Payload, schema: pa.Schema, name: str) -> pa.Table:
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
@@ -92,7 +103,7 @@ def _read_ipc(data: bytes, schema: pa.Schema, name: str) -> pa.Table:
     return table
 
 
-def decode_state(payloads: dict[str, bytes]) -> SnapshotState:
+def decode_state(payloads: dict[str, Payload]) -> SnapshotState:
     """Verify the digest, decode the three tables and validate the result."""
     verify_digest(payloads)
     replicas = _read_ipc(payloads[REPLICAS_FILE], REPLICAS_ARROW_SCHEMA, REPLICAS_FILE)

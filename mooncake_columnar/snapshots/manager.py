@@ -110,7 +110,8 @@ class SnapshotManager:
                 payloads = encode_v1(state, system_now_ns=system_ns, steady_now_ns=steady_ns)
                 manifest = v1_manifest(sid).encode()
             else:
-                payloads = encode_state(state, self.compression)
+                # The state comes straight from the engine: its key index guarantees unique keys.
+                payloads = encode_state(state, self.compression, keys_known_unique=True)
                 manifest = v2_manifest(sid, system_ns, steady_ns).encode()
             self.repo.publish(sid, payloads, manifest)
         except Exception:

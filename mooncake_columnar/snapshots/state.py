@@ -48,19 +48,24 @@ class SnapshotState:
     segments: pa.Table
     replica_next_id: int
 
-    def validate(self) -> "SnapshotState":
-        """Raise a typed error if the state is not internally consistent; return self."""
+    def validate(self, *, check_unique_keys: bool = True) -> "SnapshotState":
+        """Raise a typed error if the state is not internally consistent; return self.
+
+        ``check_unique_keys=False`` skips only the (tenant, key) uniqueness check, for states
+        exported by the engine (its key index already guarantees it).
+        """
         check_table(self.objects, OBJECTS_ARROW_SCHEMA, "objects")
         check_table(self.replicas, REPLICAS_ARROW_SCHEMA, "replicas")
         check_table(self.segments, SEGMENTS_ARROW_SCHEMA, "segments")
-        self._validate_objects()
+        self._validate_objects(check_unique_keys)
         self._validate_segments()
         self._validate_replicas()
         return self
 
-    def _validate_objects(self) -> None:
+    def _validate_objects(self, check_unique_keys: bool = True) -> None:
         objs = self.objects
-        if objs.num_rows and objs.group_by(["tenant", "key"]).aggregate([]).num_rows != objs.num_rows:
+        if (check_unique_keys and objs.num_rows
+                and objs.group_by(["tenant", "key"]).aggregate([]).num_rows != objs.num_rows):
             raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
         if objs.num_rows and int(pc.min(objs.column("size_bytes")).as_py()) < 0:
             raise SnapshotIntegrityError("objects: negative size_bytes")
@@ -117,7 +122,11 @@ class SnapshotState:
         seg, off, sz = seg[held], off[held], sz[held]
         nonempty = sz > 0
         seg, off, sz = seg[nonempty], off[nonempty], sz[nonempty]
-        order = np.lexsort((off, seg))
+        if seg.size and int(off.max()) < (1 << 62) >> int(seg.max()).bit_length():
+            # one int64 sort key (segment code in the high bits): about 2x faster than lexsort
+            order = np.argsort((seg << (62 - int(seg.max()).bit_length())) | off)
+        else:
+            order = np.lexsort((off, seg))
         seg, off, sz = seg[order], off[order], sz[order]
         same = seg[1:] == seg[:-1]
         if (same & (off[1:] < off[:-1] + sz[:-1])).any():
