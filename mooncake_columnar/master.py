@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
 from .config import MAX_TTL_MS, MasterConfig
-from .errors import (ErrorCode, InvalidParams, SegmentAlreadyExists, UnavailableInCurrentStatus,
+from .errors import (ErrorCode, InvalidParams, SegmentAlreadyExists,
                      error_for_code)
 from .kernels import allocation as ak
 from .kernels import objects as ok

@@ -8,11 +8,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING,
-                      FLAG_SOFT_PIN_ENABLED, INT64_MAX, KIND_MEMORY, ST_COMPLETE, ST_PROCESSING)
+from ..schema import FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_PROCESSING
 from . import allocation as ak
 from . import hashing as hk
-from .leases import grant_read_lease, grant_until
+from .leases import commit_soft_pin, grant_read_lease, grant_until
 from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_put_in_flight,
                          is_readable_replica, lease_expired, slot_in_use, slot_is_complete,
                          slot_is_processing, slot_is_removed)
@@ -27,16 +26,12 @@ ILLEGAL_CLIENT = -601
 INVALID_WRITE = -700
 HAS_LEASE = -706
 
-_LIVE = int(FLAG_LIVE)
 _PROCESSING_FLAG = int(FLAG_PROCESSING)
-_PENDING = int(FLAG_PENDING_SOFT_PIN)
-_SOFT = int(FLAG_SOFT_PIN_ENABLED)
 _GROUPED = int(FLAG_GROUPED)
 _REFRESH = int(FLAG_GROUP_REFRESH)
 _MEM = int(KIND_MEMORY)
 _ST_PROC = int(ST_PROCESSING)
 _ST_DONE = int(ST_COMPLETE)
-_I64_MAX = int(INT64_MAX)
 
 
 @njit(cache=True)
@@ -173,10 +168,8 @@ def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadl
         done += completed
         slot = inflight[r]
         if has_pending_soft_pin(f) and not had_complete and completed > 0:
-            ttl = pending_ttl[slot]
-            soft_deadline[r] = _I64_MAX if now > _I64_MAX - ttl else now + ttl  # saturating
-            f = (f | _SOFT) & ~_PENDING
-        flags[r] = f & ~_PROCESSING_FLAG
+            commit_soft_pin(flags, soft_deadline, r, now, pending_ttl[slot])
+        flags[r] = flags[r] & ~np.uint8(_PROCESSING_FLAG)
         released[i] = slot
         inflight[r] = -1
         grant_until(lease, r, now)
