@@ -5,100 +5,55 @@ Single-key calls raise the typed error of their code; batch calls return int32 c
 """
 from __future__ import annotations
 
-import functools
-import re
 import threading
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
+from . import eviction as ev
+from .clock import NS_PER_MS, Clocks, MonotonicClocks
 from .config import MAX_TTL_MS, MasterConfig
-from .errors import (ErrorCode, InvalidParams, SegmentAlreadyExists,
-                     error_for_code)
+from .errors import ErrorCode, InvalidParams
 from .kernels import allocation as ak
 from .kernels import objects as ok
-from . import eviction as ev
+from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .metrics import Metrics
 from .offload import OffloadQueue
 from .quota import TenantLedger
-from .messages import (DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig)
-from .schema import (FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN,
-                     FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, MAX_KEY_BYTES,
-                     OBJECTS_ARROW_SCHEMA, ST_PROCESSING, ObjectDataType, PingStatus,
-                     ReplicaKind, ReplicaStatus, SoftPinAction)
-from .store.keys import KeyIndex, as_string_array, string_buffers
+from .schema import (
+    FLAG_HARD_PINNED,
+    FLAG_LIVE,
+    FLAG_PENDING_SOFT_PIN,
+    FLAG_PROCESSING,
+    KIND_MEMORY,
+    MAX_KEY_BYTES,
+    ST_PROCESSING,
+    ObjectDataType,
+    ReplicaStatus,
+    SoftPinAction,
+)
+from .service_offload import OffloadMixin
+from .service_segments import SegmentsMixin
+from .service_views import ViewsMixin
 from .store.inflight import InflightTable
+from .store.keys import KeyIndex, as_string_array, string_buffers
 from .store.objects import ObjectTable
-from .store.arrow_io import export_tables, load_tables
-from .store.segments import Segment, SegmentTable
+from .store.segments import SegmentTable
 from .store.strings import StringDictionary
-
-if TYPE_CHECKING:
-    from .snapshots.state import SnapshotState
-
-T = TypeVar("T")
-_KINDS = {int(k): k for k in ReplicaKind}
-_STATUSES = {int(s): s for s in ReplicaStatus}
-_COMPLETE = int(ReplicaStatus.COMPLETE)
-_PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
-
-
-def _locked(fn: Callable[..., T]) -> Callable[..., T]:
-    @functools.wraps(fn)
-    def wrapper(self: "MasterService", *args, **kwargs):
-        with self._lock:
-            return fn(self, *args, **kwargs)
-    return wrapper
+from .validation import (
+    _COMPLETE,
+    _locked,
+    _raise_code,
+    _require_bool,
+    _require_int,
+    _require_str,
+    _single_key,
+    _validate_tenant,
+)
 
 
-def _require_str(name: str, value: object, *, allow_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise InvalidParams(f"{name} must be a str, got {type(value).__name__}")
-    if not allow_empty and value == "":
-        raise InvalidParams(f"{name} must not be empty")
-    return value
-
-
-def _require_int(name: str, value: object, lo: int, hi: int = 2**63 - 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidParams(f"{name} must be an int, got {type(value).__name__}")
-    if not lo <= int(value) <= hi:
-        raise InvalidParams(f"{name} must be in [{lo}, {hi}], got {value}")
-    return int(value)
-
-
-def _require_bool(name: str, value: object) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidParams(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
-def _validate_tenant(tenant: object) -> str:
-    """Upstream TenantId validity: non-empty, no leading '_', printable ASCII."""
-    t = _require_str("tenant_id", tenant)
-    if t.startswith("_") or not _PRINTABLE.match(t):
-        raise InvalidParams(f"invalid tenant_id {t!r}")
-    return t
-
-
-def _single_key(key: object) -> tuple[np.ndarray, np.ndarray]:
-    """One key as (offsets, data) arrays, the shape every batch kernel takes."""
-    k = _require_str("key", key)
-    data = np.frombuffer(k.encode(), np.uint8)
-    if data.size > MAX_KEY_BYTES:
-        raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
-    return np.array([0, data.size], np.int64), data
-
-
-def _raise_code(code: int, what: str) -> None:
-    if code != 0:
-        raise error_for_code(code, what)
-
-
-class MasterService:
+class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
     """Object metadata of a Mooncake Store master, as columns."""
 
     def __init__(self, config: MasterConfig | None = None, *, clocks: Clocks | None = None,
@@ -138,101 +93,6 @@ class MasterService:
     @property
     def lease_ttl_ns(self) -> int:
         return self.config.default_kv_lease_ttl_ms * NS_PER_MS
-
-    # ================================================================================ segments
-    @_locked
-    def mount_segment(self, name: str, *, endpoint: str, client_id: str, base: int, size: int) -> None:
-        """Mount a memory segment. Re-mounting an identical segment is a no-op."""
-        seg = Segment(_require_str("name", name), _require_str("endpoint", endpoint),
-                      _require_str("client_id", client_id), _require_int("base", base, 1),
-                      _require_int("size", size, 1))
-        now = self.clocks.steady_ns()
-        self._touch_client(seg.client, now)
-        existing = self.segments.get(seg.name)
-        if existing is not None:
-            if existing == seg:
-                return
-            raise SegmentAlreadyExists(f"segment {seg.name!r} is mounted with different parameters")
-        self.segments.mount(seg)
-
-    @_locked
-    def unmount_segment(self, name: str) -> None:
-        """Unmount: its replicas are dropped at once; objects left without replicas are removed."""
-        code = self.segments.code(_require_str("name", name))
-        if code < 0:
-            return  # idempotent, as upstream
-        self._unmount_codes([code])
-
-    def _unmount_codes(self, codes: Iterable[int]) -> None:
-        o = self.objects
-        for code in codes:
-            self.segments.allocatable[code] = False  # allocator dropped: nothing on it is freed
-            hw = o.high_water
-            on_seg = np.flatnonzero(((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == int(KIND_MEMORY))
-                                     & (o.replica_status[:hw] != 0)).any(axis=1)) if self._ledger_on else None
-            if on_seg is not None:
-                self._charge(on_seg, -1)
-            emptied = ok.drop_slots_on_segment(code, hw, o.flags, o.replica_segment,
-                                               o.replica_status, o.replica_kind)
-            if on_seg is not None:
-                self._charge(np.setdiff1d(on_seg, emptied), +1)
-            self._erase_rows(emptied, charged=False)
-            keep = self._discarded_seg != code
-            self._drop_discarded(keep)
-            self.segments.unmount(code)
-
-    @_locked
-    def ping(self, client_id: str) -> PingStatus:
-        """OK for a client that has remounted; NEED_REMOUNT otherwise (upstream Ping)."""
-        client = _require_str("client_id", client_id)
-        self._touch_client(client, self.clocks.steady_ns())
-        return PingStatus.OK if client in self._ok_clients else PingStatus.NEED_REMOUNT
-
-    @_locked
-    def remount_segments(self, client_id: str, segments: Sequence[Segment | dict]) -> int:
-        """The client's answer to NEED_REMOUNT: mount its segments (idempotent) and mark it OK.
-
-        Returns the number of segments newly mounted. All segments are validated first; a bad
-        one raises and mounts nothing.
-        """
-        client = _require_str("client_id", client_id)
-        parsed = []
-        for s in segments:
-            seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
-            if seg is None:
-                raise InvalidParams("segments must be Segment or dict items")
-            seg = Segment(_require_str("name", seg.name), _require_str("endpoint", seg.endpoint),
-                          _require_str("client", seg.client), _require_int("base", seg.base, 1),
-                          _require_int("size", seg.size, 1))
-            if seg.client != client:
-                raise InvalidParams(f"segment {seg.name!r} belongs to client {seg.client!r}, not {client!r}")
-            existing = self.segments.get(seg.name)
-            if existing is not None and existing != seg:
-                raise InvalidParams(f"segment {seg.name!r} is mounted with a different identity")
-            parsed.append(seg)
-        now = self.clocks.steady_ns()
-        self._touch_client(client, now)
-        mounted = 0
-        for seg in parsed:
-            if self.segments.get(seg.name) is None:
-                self.segments.mount(seg)
-                mounted += 1
-        self._ok_clients.add(client)
-        return mounted
-
-    def _touch_client(self, client: str, now: int) -> None:
-        self._client_deadline_ns[client] = now + self.config.client_live_ttl_s * NS_PER_S
-
-    @_locked
-    def expire_clients(self) -> list[str]:
-        """Clients silent for client_live_ttl_s: forget them and unmount their segments."""
-        now = self.clocks.steady_ns()
-        expired = [c for c, d in self._client_deadline_ns.items() if d < now]
-        for client in expired:
-            del self._client_deadline_ns[client]
-            self._ok_clients.discard(client)
-            self._unmount_codes(self.segments.codes_of_client(client))
-        return expired
 
     @_locked
     def tick(self) -> "ev.EvictionReport | None":
@@ -317,67 +177,6 @@ class MasterService:
         self._charge(plan.rows[~empty], +1)
         self._erase_rows(plan.rows[empty], charged=False)
         return int(touched.size), freed, queued
-
-    # ================================================================================ offload
-    def _offload_instead(self, rows: np.ndarray, removed: np.ndarray) -> tuple[np.ndarray, int]:
-        """Upstream try_evict_or_offload: objects without a LOCAL_DISK copy queue an offload of
-        their first evictable memory replica (pinned by refcnt) instead of losing it."""
-        o = self.objects
-        has_disk = (o.replica_kind[rows] == int(ReplicaKind.LOCAL_DISK)).any(axis=1) & \
-            (o.replica_status[rows] == _COMPLETE).any(axis=1)
-        needs = np.flatnonzero(~has_disk & removed.any(axis=1))
-        room = max(0, min(self.offloads.cycle_cap, self.offloads.limit - len(self.offloads)))
-        queue_now, overflow = needs[:room], needs[room:]
-        src_slot = removed[queue_now].argmax(axis=1)
-        q_rows = rows[queue_now]
-        o.replica_refcnt[q_rows, src_slot] += 1
-        self.offloads.push(q_rows, src_slot, o.replica_id[q_rows, src_slot],
-                           self.clocks.system_ns() // NS_PER_MS)
-        removed = removed.copy()
-        removed[queue_now, src_slot] = False  # the source stays; other evictable replicas go
-        if not self.config.offload_force_evict:
-            removed[overflow] = False         # queue full: keep the data rather than lose it
-        self.metrics.inc("offloads_queued", queue_now.size)
-        return removed, int(queue_now.size)
-
-    @_locked
-    def offload_tasks(self) -> pa.Table:
-        """Queued offloads: which key's replica to copy to its owner's local disk."""
-        q = self.offloads
-        o = self.objects
-        return pa.table({"tenant": self.tenants.decode(o.tenant[q.rows]),
-                         "key": self.keys.keys_of(q.rows).cast(pa.string()),
-                         "client": self.clients.decode(o.client[q.rows]),
-                         "replica_id": q.replica_ids, "size": o.size_bytes[q.rows]})
-
-    @_locked
-    def complete_offload(self, key: str, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> None:
-        """The client copied the object to local disk: add the LOCAL_DISK replica, unpin the source."""
-        offsets, data = _single_key(key)
-        row = int(self._lookup(offsets, data, tenant_id)[0])
-        pos = self.offloads.position_of(row) if row >= 0 else -1
-        if pos < 0:
-            raise error_for_code(ErrorCode.OBJECT_NO_REPLICATION_TASK, f"no offload queued for {key!r}")
-        o = self.objects
-        free_slot = np.flatnonzero(o.replica_status[row] == 0)
-        if free_slot.size == 0:
-            o.ensure_slots(o.slots + 1)
-            free_slot = np.array([o.slots - 1])
-        j = int(free_slot[0])
-        o.replica_status[row, j] = _COMPLETE
-        o.replica_kind[row, j] = int(ReplicaKind.LOCAL_DISK)
-        o.replica_segment[row, j] = self.clients.code(_require_str("client_id", client_id))
-        o.replica_id[row, j] = self.next_replica_id
-        self.next_replica_id += 1
-        o.replica_refcnt[row, self.offloads.slots[pos]] -= 1
-        self.offloads.keep(np.arange(len(self.offloads)) != pos)
-
-    def _expire_offloads(self, now_ms: int) -> None:
-        q = self.offloads
-        late = q.start_ms + self.config.put_start_release_timeout_s * 1000 < now_ms
-        if late.any():
-            self.objects.replica_refcnt[q.rows[late], q.slots[late]] -= 1
-            q.keep(~late)
 
     def _discard_expired_puts(self, now_ms: int) -> None:
         """Upstream DiscardExpiredProcessingReplicas: puts older than the release timeout lose
@@ -751,95 +550,6 @@ class MasterService:
         self.keys.remove(rows)
         o.release_rows(rows)
 
-    # ================================================================================ inspection
-    @_locked
-    def object_info(self, key: str, tenant_id: str = DEFAULT_TENANT) -> ObjectInfo:
-        """Deadlines (steady ns), flags and every replica with its readability."""
-        offsets, data = _single_key(key)
-        row = int(self._lookup(offsets, data, tenant_id)[0])
-        if row < 0:
-            _raise_code(ErrorCode.OBJECT_NOT_FOUND, f"object_info {key!r}")
-        o = self.objects
-        f = int(o.flags[row])
-        return ObjectInfo(
-            tenant=self.tenants.name(int(o.tenant[row])), key=key,
-            client=self.clients.name(int(o.client[row])), size=int(o.size_bytes[row]),
-            data_type=int(o.data_type[row]),
-            group_id=self._group_names[int(o.group[row])] if f & FLAG_GROUPED else "",
-            hard_pinned=bool(f & FLAG_HARD_PINNED), soft_pin_enabled=bool(f & FLAG_SOFT_PIN_ENABLED),
-            lease_deadline_ns=int(o.lease_deadline_ns[row]),
-            soft_pin_deadline_ns=int(o.soft_pin_deadline_ns[row]),
-            processing=bool(f & FLAG_PROCESSING),
-            put_start_time_ms=int(self._put_start_time_ms(np.array([row]))[0]),
-            replicas=tuple(self._descriptors(row, readable_only=False)))
-
-    @_locked
-    def to_arrow(self) -> pa.Table:
-        """The object table (one row per object, ordered by row) as a pyarrow Table."""
-        return self._objects_table()
-
-    @_locked
-    def export_state(self) -> "SnapshotState":
-        """The whole state as Arrow tables (steady-ns deadlines of this process)."""
-        from .snapshots.state import SnapshotState
-        objects, replicas, segments = export_tables(self)
-        return SnapshotState(objects, replicas, segments, self.next_replica_id)
-
-    @classmethod
-    def from_state(cls, state: "SnapshotState", *, config: MasterConfig | None = None,
-                   clocks: Clocks | None = None, segments_readable: bool = True) -> "MasterService":
-        """A master rebuilt from a validated SnapshotState whose deadlines are already in this
-        process's steady domain. ``segments_readable=False`` restores every segment with an
-        invalid endpoint (standby promotion: unreadable until its client remounts)."""
-        state.validate()
-        m = cls(config, clocks=clocks, initial_capacity=max(1024, state.objects.num_rows))
-        load_tables(m, state.objects, state.replicas, state.segments, segments_readable=segments_readable)
-        m.next_replica_id = max(m.next_replica_id, int(state.replica_next_id))
-        m._charge(m.objects.live_rows(), +1)  # rebuild tenant usage from the restored replicas
-        now = m.clocks.steady_ns()
-        for client in set(state.segments.column("client").to_pylist()):
-            m._touch_client(client, now)  # restored clients must ping within client_live_ttl_s
-        return m
-
-    def _objects_table(self) -> pa.Table:
-        o = self.objects
-        rows = o.live_rows()
-        f = o.flags[rows]
-        group = np.where((f & FLAG_GROUPED) != 0, o.group[rows], -1)
-        cols = {
-            "tenant": self.tenants.decode(o.tenant[rows]),
-            "key": self.keys.keys_of(rows).cast(pa.string()),
-            "client": self.clients.decode(o.client[rows]),
-            "size_bytes": o.size_bytes[rows],
-            "data_type": o.data_type[rows],
-            "group": pa.array(self._group_names + [""], pa.string()).take(
-                pa.array(np.where(group < 0, len(self._group_names), group).astype(np.int32))),
-            "hard_pinned": (f & FLAG_HARD_PINNED) != 0,
-            "soft_pin_enabled": (f & FLAG_SOFT_PIN_ENABLED) != 0,
-            "lease_deadline_ns": o.lease_deadline_ns[rows],
-            "soft_pin_deadline_ns": o.soft_pin_deadline_ns[rows],
-            "put_start_time_ms": self._put_start_time_ms(rows),
-            "processing": (f & FLAG_PROCESSING) != 0,
-            "replica_count": (o.replica_status[rows] != 0).sum(axis=1).astype(np.int32),
-        }
-        return pa.table(cols, schema=OBJECTS_ARROW_SCHEMA)
-
-    @_locked
-    def object_count(self) -> int:
-        return self.objects.live_count
-
-    @_locked
-    def segment_usage(self) -> dict[str, tuple[int, int]]:
-        """name -> (used bytes, capacity bytes)."""
-        s = self.segments
-        return {info.name: (int(s.used[c]), int(s.capacity[c])) for c, info in enumerate(s.info) if info}
-
-    @_locked
-    def metadata_bytes(self) -> dict[str, int]:
-        """Resident bytes of the metadata (columns, index, dictionaries), key bytes separately."""
-        return {"columns": self.objects.resident_bytes(), "index": self.keys.resident_bytes(),
-                "inflight": self.inflight.resident_bytes(), "key_bytes": int(self.keys.arena_used)}
-
     # ================================================================================ helpers
     def _key_array(self, keys) -> pa.Array:
         try:
@@ -868,59 +578,3 @@ class MasterService:
             return rows
         return rows[self.objects.tenant[rows] == self.tenants.find(_require_str("tenant_id", tenant_id))]
 
-    def _descriptors(self, row: int, *, readable_only: bool) -> list[ReplicaDescriptor]:
-        # on the single-key read path: plain lists and tuple lookups, no per-slot NumPy scalars
-        o = self.objects
-        statuses = o.replica_status[row].tolist()
-        seg_codes = o.replica_segment[row].tolist()
-        readable_mask = self.segments.readable
-        out = []
-        for j, st in enumerate(statuses):
-            if st == 0:
-                continue
-            code = seg_codes[j]
-            kind = _KINDS[o.replica_kind[row, j]]
-            if kind != ReplicaKind.MEMORY:  # LOCAL_DISK: the segment column holds the owner client
-                if st == _COMPLETE or not readable_only:
-                    out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], "",
-                                                 self.clients.name(code), 0, int(o.size_bytes[row]),
-                                                 st == _COMPLETE))
-                continue
-            readable = st == _COMPLETE and code >= 0 and bool(readable_mask[code])
-            if readable_only and not readable:
-                continue
-            seg = self.segments.info[code]
-            out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], seg.name, seg.endpoint,
-                                         seg.base + int(o.replica_offset[row, j]), int(o.size_bytes[row]),
-                                         readable))
-        return out
-
-    def _replica_table(self, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
-                       codes: np.ndarray | None = None) -> pa.Table:
-        """Flat replica descriptors of rows[batch_idx] (readable ones only, or all slots in use)."""
-        o = self.objects
-        if codes is None:
-            codes = np.zeros(rows.size, np.int32)
-        sel = np.zeros(rows.size, np.int32) - 1
-        sel[batch_idx] = codes[batch_idx]
-        if readable_only:
-            ki, r, j = ok.readable_slots(rows, sel, o.replica_status, o.replica_kind, o.replica_segment,
-                                         self.segments.readable)
-        else:
-            chosen = rows[batch_idx]
-            ri, j = np.nonzero(o.replica_status[chosen] != 0)
-            ki, r = batch_idx[ri], chosen[ri]
-        # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
-        infos = self.segments.info
-        seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(infos))
-        names = [s.name if s else "" for s in infos] + [""]
-        endpoints = [s.endpoint if s else "" for s in infos] + [""]
-        bases = np.array([s.base if s else 0 for s in infos] + [0], np.int64)
-        return pa.table({
-            "key_index": ki,
-            "replica_id": o.replica_id[r, j],
-            "segment": pa.array(names, pa.string()).take(pa.array(seg_codes)),
-            "endpoint": pa.array(endpoints, pa.string()).take(pa.array(seg_codes)),
-            "address": bases[seg_codes] + o.replica_offset[r, j],
-            "size": o.size_bytes[r],
-        })

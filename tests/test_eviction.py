@@ -1,12 +1,11 @@
 """Eviction: upstream's deterministic scenarios, triggers, quota, offload, expired puts."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from conftest import make_master
-from mooncake_columnar import ManualClocks, MasterService, ReplicateConfig, SoftPinAction
+from mooncake_columnar import MasterService, ReplicateConfig, SoftPinAction
 from mooncake_columnar.errors import ErrorCode, NoAvailableHandle, ObjectNotFound, TenantQuotaExceeded
 from mooncake_columnar.metrics import register
 

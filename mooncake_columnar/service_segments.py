@@ -1,0 +1,113 @@
+"""Segments and clients: mount, unmount, ping, remount, liveness expiry (a MasterService part)."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .clock import NS_PER_S
+from .errors import InvalidParams, SegmentAlreadyExists
+from .kernels import objects as ok
+from .schema import KIND_MEMORY, PingStatus
+from .store.segments import Segment
+from .validation import _locked, _require_int, _require_str
+
+
+class SegmentsMixin:
+    """Mounted segments and client liveness of a MasterService."""
+
+    # ================================================================================ segments
+    @_locked
+    def mount_segment(self, name: str, *, endpoint: str, client_id: str, base: int, size: int) -> None:
+        """Mount a memory segment. Re-mounting an identical segment is a no-op."""
+        seg = Segment(_require_str("name", name), _require_str("endpoint", endpoint),
+                      _require_str("client_id", client_id), _require_int("base", base, 1),
+                      _require_int("size", size, 1))
+        now = self.clocks.steady_ns()
+        self._touch_client(seg.client, now)
+        existing = self.segments.get(seg.name)
+        if existing is not None:
+            if existing == seg:
+                return
+            raise SegmentAlreadyExists(f"segment {seg.name!r} is mounted with different parameters")
+        self.segments.mount(seg)
+
+    @_locked
+    def unmount_segment(self, name: str) -> None:
+        """Unmount: its replicas are dropped at once; objects left without replicas are removed."""
+        code = self.segments.code(_require_str("name", name))
+        if code < 0:
+            return  # idempotent, as upstream
+        self._unmount_codes([code])
+
+    def _unmount_codes(self, codes: Iterable[int]) -> None:
+        o = self.objects
+        for code in codes:
+            self.segments.allocatable[code] = False  # allocator dropped: nothing on it is freed
+            hw = o.high_water
+            on_seg = np.flatnonzero(((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == int(KIND_MEMORY))
+                                     & (o.replica_status[:hw] != 0)).any(axis=1)) if self._ledger_on else None
+            if on_seg is not None:
+                self._charge(on_seg, -1)
+            emptied = ok.drop_slots_on_segment(code, hw, o.flags, o.replica_segment,
+                                               o.replica_status, o.replica_kind)
+            if on_seg is not None:
+                self._charge(np.setdiff1d(on_seg, emptied), +1)
+            self._erase_rows(emptied, charged=False)
+            keep = self._discarded_seg != code
+            self._drop_discarded(keep)
+            self.segments.unmount(code)
+
+    @_locked
+    def ping(self, client_id: str) -> PingStatus:
+        """OK for a client that has remounted; NEED_REMOUNT otherwise (upstream Ping)."""
+        client = _require_str("client_id", client_id)
+        self._touch_client(client, self.clocks.steady_ns())
+        return PingStatus.OK if client in self._ok_clients else PingStatus.NEED_REMOUNT
+
+    @_locked
+    def remount_segments(self, client_id: str, segments: Sequence[Segment | dict]) -> int:
+        """The client's answer to NEED_REMOUNT: mount its segments (idempotent) and mark it OK.
+
+        Returns the number of segments newly mounted. All segments are validated first; a bad
+        one raises and mounts nothing.
+        """
+        client = _require_str("client_id", client_id)
+        parsed = []
+        for s in segments:
+            seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
+            if seg is None:
+                raise InvalidParams("segments must be Segment or dict items")
+            seg = Segment(_require_str("name", seg.name), _require_str("endpoint", seg.endpoint),
+                          _require_str("client", seg.client), _require_int("base", seg.base, 1),
+                          _require_int("size", seg.size, 1))
+            if seg.client != client:
+                raise InvalidParams(f"segment {seg.name!r} belongs to client {seg.client!r}, not {client!r}")
+            existing = self.segments.get(seg.name)
+            if existing is not None and existing != seg:
+                raise InvalidParams(f"segment {seg.name!r} is mounted with a different identity")
+            parsed.append(seg)
+        now = self.clocks.steady_ns()
+        self._touch_client(client, now)
+        mounted = 0
+        for seg in parsed:
+            if self.segments.get(seg.name) is None:
+                self.segments.mount(seg)
+                mounted += 1
+        self._ok_clients.add(client)
+        return mounted
+
+    def _touch_client(self, client: str, now: int) -> None:
+        self._client_deadline_ns[client] = now + self.config.client_live_ttl_s * NS_PER_S
+
+    @_locked
+    def expire_clients(self) -> list[str]:
+        """Clients silent for client_live_ttl_s: forget them and unmount their segments."""
+        now = self.clocks.steady_ns()
+        expired = [c for c, d in self._client_deadline_ns.items() if d < now]
+        for client in expired:
+            del self._client_deadline_ns[client]
+            self._ok_clients.discard(client)
+            self._unmount_codes(self.segments.codes_of_client(client))
+        return expired
+

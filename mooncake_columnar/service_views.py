@@ -1,0 +1,179 @@
+"""Read-only views of a MasterService: object_info, Arrow tables, state export/import, descriptors."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from .clock import Clocks
+from .config import MasterConfig
+from .errors import ErrorCode
+from .kernels import objects as ok
+from .messages import DEFAULT_TENANT, ObjectInfo, ReplicaDescriptor
+from .schema import (
+    FLAG_GROUPED,
+    FLAG_HARD_PINNED,
+    FLAG_PROCESSING,
+    FLAG_SOFT_PIN_ENABLED,
+    KIND_MEMORY,
+    OBJECTS_ARROW_SCHEMA,
+    ReplicaKind,
+)
+from .store.arrow_io import export_tables, load_tables
+from .validation import _COMPLETE, _KINDS, _STATUSES, _locked, _raise_code, _single_key
+
+if TYPE_CHECKING:
+    from .master import MasterService
+    from .snapshots.state import SnapshotState
+
+
+class ViewsMixin:
+    """Inspection and state export/import part of a MasterService."""
+
+    # ================================================================================ inspection
+    @_locked
+    def object_info(self, key: str, tenant_id: str = DEFAULT_TENANT) -> ObjectInfo:
+        """Deadlines (steady ns), flags and every replica with its readability."""
+        offsets, data = _single_key(key)
+        row = int(self._lookup(offsets, data, tenant_id)[0])
+        if row < 0:
+            _raise_code(ErrorCode.OBJECT_NOT_FOUND, f"object_info {key!r}")
+        o = self.objects
+        f = int(o.flags[row])
+        return ObjectInfo(
+            tenant=self.tenants.name(int(o.tenant[row])), key=key,
+            client=self.clients.name(int(o.client[row])), size=int(o.size_bytes[row]),
+            data_type=int(o.data_type[row]),
+            group_id=self._group_names[int(o.group[row])] if f & FLAG_GROUPED else "",
+            hard_pinned=bool(f & FLAG_HARD_PINNED), soft_pin_enabled=bool(f & FLAG_SOFT_PIN_ENABLED),
+            lease_deadline_ns=int(o.lease_deadline_ns[row]),
+            soft_pin_deadline_ns=int(o.soft_pin_deadline_ns[row]),
+            processing=bool(f & FLAG_PROCESSING),
+            put_start_time_ms=int(self._put_start_time_ms(np.array([row]))[0]),
+            replicas=tuple(self._descriptors(row, readable_only=False)))
+
+    @_locked
+    def to_arrow(self) -> pa.Table:
+        """The object table (one row per object, ordered by row) as a pyarrow Table."""
+        return self._objects_table()
+
+    @_locked
+    def export_state(self) -> "SnapshotState":
+        """The whole state as Arrow tables (steady-ns deadlines of this process)."""
+        from .snapshots.state import SnapshotState
+        objects, replicas, segments = export_tables(self)
+        return SnapshotState(objects, replicas, segments, self.next_replica_id)
+
+    @classmethod
+    def from_state(cls, state: "SnapshotState", *, config: MasterConfig | None = None,
+                   clocks: Clocks | None = None, segments_readable: bool = True) -> "MasterService":
+        """A master rebuilt from a validated SnapshotState whose deadlines are already in this
+        process's steady domain. ``segments_readable=False`` restores every segment with an
+        invalid endpoint (standby promotion: unreadable until its client remounts)."""
+        state.validate()
+        m = cls(config, clocks=clocks, initial_capacity=max(1024, state.objects.num_rows))
+        load_tables(m, state.objects, state.replicas, state.segments, segments_readable=segments_readable)
+        m.next_replica_id = max(m.next_replica_id, int(state.replica_next_id))
+        m._charge(m.objects.live_rows(), +1)  # rebuild tenant usage from the restored replicas
+        now = m.clocks.steady_ns()
+        for client in set(state.segments.column("client").to_pylist()):
+            m._touch_client(client, now)  # restored clients must ping within client_live_ttl_s
+        return m
+
+    def _objects_table(self) -> pa.Table:
+        o = self.objects
+        rows = o.live_rows()
+        f = o.flags[rows]
+        group = np.where((f & FLAG_GROUPED) != 0, o.group[rows], -1)
+        cols = {
+            "tenant": self.tenants.decode(o.tenant[rows]),
+            "key": self.keys.keys_of(rows).cast(pa.string()),
+            "client": self.clients.decode(o.client[rows]),
+            "size_bytes": o.size_bytes[rows],
+            "data_type": o.data_type[rows],
+            "group": pa.array(self._group_names + [""], pa.string()).take(
+                pa.array(np.where(group < 0, len(self._group_names), group).astype(np.int32))),
+            "hard_pinned": (f & FLAG_HARD_PINNED) != 0,
+            "soft_pin_enabled": (f & FLAG_SOFT_PIN_ENABLED) != 0,
+            "lease_deadline_ns": o.lease_deadline_ns[rows],
+            "soft_pin_deadline_ns": o.soft_pin_deadline_ns[rows],
+            "put_start_time_ms": self._put_start_time_ms(rows),
+            "processing": (f & FLAG_PROCESSING) != 0,
+            "replica_count": (o.replica_status[rows] != 0).sum(axis=1).astype(np.int32),
+        }
+        return pa.table(cols, schema=OBJECTS_ARROW_SCHEMA)
+
+    @_locked
+    def object_count(self) -> int:
+        return self.objects.live_count
+
+    @_locked
+    def segment_usage(self) -> dict[str, tuple[int, int]]:
+        """name -> (used bytes, capacity bytes)."""
+        s = self.segments
+        return {info.name: (int(s.used[c]), int(s.capacity[c])) for c, info in enumerate(s.info) if info}
+
+    @_locked
+    def metadata_bytes(self) -> dict[str, int]:
+        """Resident bytes of the metadata (columns, index, dictionaries), key bytes separately."""
+        return {"columns": self.objects.resident_bytes(), "index": self.keys.resident_bytes(),
+                "inflight": self.inflight.resident_bytes(), "key_bytes": int(self.keys.arena_used)}
+
+    def _descriptors(self, row: int, *, readable_only: bool) -> list[ReplicaDescriptor]:
+        # on the single-key read path: plain lists and tuple lookups, no per-slot NumPy scalars
+        o = self.objects
+        statuses = o.replica_status[row].tolist()
+        seg_codes = o.replica_segment[row].tolist()
+        readable_mask = self.segments.readable
+        out = []
+        for j, st in enumerate(statuses):
+            if st == 0:
+                continue
+            code = seg_codes[j]
+            kind = _KINDS[o.replica_kind[row, j]]
+            if kind != ReplicaKind.MEMORY:  # LOCAL_DISK: the segment column holds the owner client
+                if st == _COMPLETE or not readable_only:
+                    out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], "",
+                                                 self.clients.name(code), 0, int(o.size_bytes[row]),
+                                                 st == _COMPLETE))
+                continue
+            readable = st == _COMPLETE and code >= 0 and bool(readable_mask[code])
+            if readable_only and not readable:
+                continue
+            seg = self.segments.info[code]
+            out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], seg.name, seg.endpoint,
+                                         seg.base + int(o.replica_offset[row, j]), int(o.size_bytes[row]),
+                                         readable))
+        return out
+
+    def _replica_table(self, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
+                       codes: np.ndarray | None = None) -> pa.Table:
+        """Flat replica descriptors of rows[batch_idx] (readable ones only, or all slots in use)."""
+        o = self.objects
+        if codes is None:
+            codes = np.zeros(rows.size, np.int32)
+        sel = np.zeros(rows.size, np.int32) - 1
+        sel[batch_idx] = codes[batch_idx]
+        if readable_only:
+            ki, r, j = ok.readable_slots(rows, sel, o.replica_status, o.replica_kind, o.replica_segment,
+                                         self.segments.readable)
+        else:
+            chosen = rows[batch_idx]
+            ri, j = np.nonzero(o.replica_status[chosen] != 0)
+            ki, r = batch_idx[ri], chosen[ri]
+        # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
+        infos = self.segments.info
+        seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(infos))
+        names = [s.name if s else "" for s in infos] + [""]
+        endpoints = [s.endpoint if s else "" for s in infos] + [""]
+        bases = np.array([s.base if s else 0 for s in infos] + [0], np.int64)
+        return pa.table({
+            "key_index": ki,
+            "replica_id": o.replica_id[r, j],
+            "segment": pa.array(names, pa.string()).take(pa.array(seg_codes)),
+            "endpoint": pa.array(endpoints, pa.string()).take(pa.array(seg_codes)),
+            "address": bases[seg_codes] + o.replica_offset[r, j],
+            "size": o.size_bytes[r],
+        })
+

@@ -1,0 +1,71 @@
+"""Argument validation and the lock decorator shared by the MasterService API."""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Callable, TypeVar
+
+import numpy as np
+
+from .errors import InvalidParams, error_for_code
+from .schema import MAX_KEY_BYTES, ReplicaKind, ReplicaStatus
+
+T = TypeVar("T")
+_KINDS = {int(k): k for k in ReplicaKind}
+_STATUSES = {int(s): s for s in ReplicaStatus}
+_COMPLETE = int(ReplicaStatus.COMPLETE)
+_PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
+
+
+def _locked(fn: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):  # every MasterService part holds self._lock
+        with self._lock:
+            return fn(self, *args, **kwargs)
+    return wrapper
+
+
+def _require_str(name: str, value: object, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidParams(f"{name} must be a str, got {type(value).__name__}")
+    if not allow_empty and value == "":
+        raise InvalidParams(f"{name} must not be empty")
+    return value
+
+
+def _require_int(name: str, value: object, lo: int, hi: int = 2**63 - 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidParams(f"{name} must be an int, got {type(value).__name__}")
+    if not lo <= int(value) <= hi:
+        raise InvalidParams(f"{name} must be in [{lo}, {hi}], got {value}")
+    return int(value)
+
+
+def _require_bool(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidParams(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _validate_tenant(tenant: object) -> str:
+    """Upstream TenantId validity: non-empty, no leading '_', printable ASCII."""
+    t = _require_str("tenant_id", tenant)
+    if t.startswith("_") or not _PRINTABLE.match(t):
+        raise InvalidParams(f"invalid tenant_id {t!r}")
+    return t
+
+
+def _single_key(key: object) -> tuple[np.ndarray, np.ndarray]:
+    """One key as (offsets, data) arrays, the shape every batch kernel takes."""
+    k = _require_str("key", key)
+    data = np.frombuffer(k.encode(), np.uint8)
+    if data.size > MAX_KEY_BYTES:
+        raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
+    return np.array([0, data.size], np.int64), data
+
+
+def _raise_code(code: int, what: str) -> None:
+    if code != 0:
+        raise error_for_code(code, what)
+
+
