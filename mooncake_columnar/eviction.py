@@ -77,8 +77,7 @@ class _Planner:
         self.m = m
         self.now = now
         o = m.objects
-        self.taken = np.zeros(o.high_water, np.bool_)
-        self.rows: list[np.ndarray] = []
+        self.taken = np.zeros(o.high_water, np.uint8)  # 0 free, 1 no-pin pass, 2 soft fallback
         self.count = 0
         self.freed_bytes = 0
 
@@ -91,12 +90,10 @@ class _Planner:
         # order a bounded prefix first (upstream's reserve), everything only if churn ate it
         for k in (self.count + want + max(1024, want // 10), candidates.size):
             ordered = ek.earliest_first(candidates, o.lease_deadline_ns, k)
-            out = np.empty(o.high_water, np.int64)  # upper bound (groups); pages untouched stay free
             n, freed = ek.plan(ordered, want - planned, want_bytes - self.freed_bytes, self.now, allow_soft,
                                self.taken, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns, o.group_next,
                                o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
-                               o.replica_refcnt, self.m.segments.readable, out)
-            self.rows.append(out[:n])
+                               o.replica_refcnt, self.m.segments.readable)
             planned += n
             self.freed_bytes += freed
             if planned >= want or self.freed_bytes >= want_bytes or k >= candidates.size:
@@ -105,14 +102,16 @@ class _Planner:
         return planned
 
     def plan(self) -> EvictionPlan:
+        """Planned rows in row order, re-validated, with the replicas to drop and to keep."""
         o = self.m.objects
-        rows = np.concatenate(self.rows) if self.rows else np.zeros(0, np.int64)
-        removed = np.zeros((rows.size, o.slots), np.bool_)
-        remaining = np.zeros((rows.size, o.slots), np.bool_)
-        ek.evictable_slots(rows, o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
-                           self.m.segments.readable, removed)
-        ek.remaining_slots(rows, removed, o.replica_status, remaining)
-        return EvictionPlan(rows, removed, remaining)
+        rows = np.flatnonzero(self.taken)
+        keep = np.empty(rows.size, np.bool_)
+        removed = np.empty((rows.size, o.slots), np.bool_)
+        remaining = np.empty((rows.size, o.slots), np.bool_)
+        ek.finalize(rows, self.taken, self.now, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
+                    o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
+                    self.m.segments.readable, keep, removed, remaining)
+        return EvictionPlan(rows[keep], removed[keep], remaining[keep])
 
 
 def _census(m: "MasterService", now: int, allow_soft: bool, tenant: int = -1):

@@ -77,3 +77,14 @@ def test_only_predicates_module_tests_pin_bits_or_compares_deadlines():
                 text = ast.unparse(node)
                 assert not ("lease" in text and "now" in text), f"{path.name}: {text}"
                 assert "soft_deadline" not in text, f"{path.name}: {text}"
+
+
+def test_earliest_first_sampled_path_matches_full_sort():
+    rng = np.random.default_rng(3)
+    n = 600_000
+    lease = rng.integers(-(2**62), 2**62, n)
+    lease[rng.integers(0, n, 50_000)] = 7  # many ties
+    rows = np.flatnonzero(rng.random(n) < 0.9)
+    for k in (1, 1000, 60_000, 100_000):
+        expect = rows[np.lexsort((rows, lease[rows]))][:k]
+        assert np.array_equal(ek.earliest_first(rows, lease, k), expect)

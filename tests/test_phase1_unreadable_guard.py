@@ -61,11 +61,10 @@ def test_phase1_group_eviction_skips_unreadable_members(clocks):
     m = promoted(clocks)
     o = m.objects
     group_rows = np.flatnonzero(o.group[: o.high_water] >= 0)
-    taken = np.zeros(o.high_water, np.bool_)
-    out = np.empty(o.high_water, np.int64)
+    taken = np.zeros(o.high_water, np.uint8)
     n, _ = ek.plan(group_rows, 10, 2**62, clocks.steady_ns(), True, taken, o.flags, o.lease_deadline_ns,
                    o.soft_pin_deadline_ns, o.group_next, o.size_bytes, o.replica_status, o.replica_kind,
-                   o.replica_segment, o.replica_refcnt, m.segments.readable, out)
+                   o.replica_segment, o.replica_refcnt, m.segments.readable)
     assert n == 0
 
 

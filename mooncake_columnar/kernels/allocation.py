@@ -71,17 +71,69 @@ def free_extent(starts, lengths, counts, s, offset, size):
     return True
 
 
-@njit(cache=True)
-def free_extent_list(segs, offsets, sizes, starts, lengths, counts, used):
-    """Free many extents; returns how many were rejected as overlapping (double frees)."""
-    bad = 0
-    for i in range(segs.shape[0]):
-        s = segs[i]
-        if free_extent(starts, lengths, counts, s, offsets[i], sizes[i]):
-            used[s] -= sizes[i]
+@njit(cache=True, nogil=True)
+def _merge_free(starts, lengths, counts, s, offs, sizes, lo, hi):
+    """Merge the sorted extents offs[lo:hi] into segment s's free list in one linear pass.
+
+    Returns False (and changes nothing) if any of them overlaps free space or each other.
+    """
+    st = starts[s]
+    ln = lengths[s]
+    n = counts[s]
+    m = hi - lo
+    out_st = np.empty(max(8, n + m), np.int64)
+    out_ln = np.empty(max(8, n + m), np.int64)
+    k = 0
+    i = 0
+    j = lo
+    while i < n or j < hi:
+        if j >= hi or (i < n and st[i] < offs[j]):
+            a, b = st[i], ln[i]
+            i += 1
         else:
-            bad += 1
+            a, b = offs[j], sizes[j]
+            j += 1
+        if k > 0 and out_st[k - 1] + out_ln[k - 1] > a:
+            return False  # overlap: a double free or a corrupt extent
+        if k > 0 and out_st[k - 1] + out_ln[k - 1] == a:
+            out_ln[k - 1] += b
+        else:
+            out_st[k] = a
+            out_ln[k] = b
+            k += 1
+    starts[s] = out_st
+    lengths[s] = out_ln
+    counts[s] = k
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _free_sorted(segs, offsets, sizes, starts, lengths, counts, used):
+    bad = 0
+    lo = 0
+    while lo < segs.shape[0]:
+        hi = lo
+        total = 0
+        while hi < segs.shape[0] and segs[hi] == segs[lo]:
+            total += sizes[hi]
+            hi += 1
+        if _merge_free(starts, lengths, counts, segs[lo], offsets, sizes, lo, hi):
+            used[segs[lo]] -= total
+        else:
+            bad += hi - lo
+        lo = hi
     return bad
+
+
+def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, starts, lengths,
+                     counts: np.ndarray, used: np.ndarray) -> int:
+    """Free many extents at once: sorted per segment, then merged linearly (one O(n + m) pass per
+    segment instead of one array insertion per extent). Returns how many were rejected."""
+    if segs.size == 0:
+        return 0
+    order = np.lexsort((offsets, segs))
+    return int(_free_sorted(np.ascontiguousarray(segs[order], np.int64), np.ascontiguousarray(offsets[order], np.int64),
+                            np.ascontiguousarray(sizes[order], np.int64), starts, lengths, counts, used))
 
 
 def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.ndarray):

@@ -241,6 +241,14 @@ def insert_rows(table, rows, arena, key_refs, row_tenant):
 
 @njit(cache=True)
 def delete_rows(table, rows, arena, key_refs, row_tenant):
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        delete_row(table, r, row_hash(arena, key_refs, row_tenant, r))
+    """Delete many rows; hashes and home slots of a block are loaded first so misses overlap."""
+    hs = np.empty(_BLOCK, np.uint64)
+    touch = np.empty(_BLOCK, np.int64)
+    mask = table.shape[0] - 1
+    for b in range(0, rows.shape[0], _BLOCK):
+        m = min(_BLOCK, rows.shape[0] - b)
+        for t in range(m):
+            hs[t] = row_hash(arena, key_refs, row_tenant, rows[b + t])
+            touch[t] = table[home_slot(hs[t], mask)]
+        for t in range(m):
+            delete_row(table, rows[b + t], hs[t])

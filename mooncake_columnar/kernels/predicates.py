@@ -112,7 +112,7 @@ def has_pending_soft_pin(flags):
     return (flags & _PENDING) != 0
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def object_has_readable_replica(row, status, kind, segment, segment_readable):
     for j in range(status.shape[1]):
         if is_readable_replica(status[row, j], kind[row, j], segment[row, j], segment_readable):
@@ -120,7 +120,7 @@ def object_has_readable_replica(row, status, kind, segment, segment_readable):
     return False
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable):
     for j in range(status.shape[1]):
         if is_evictable_memory_replica(status[row, j], kind[row, j], segment[row, j], refcnt[row, j],
@@ -129,7 +129,7 @@ def object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segm
     return False
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def is_eviction_candidate(row, now, allow_soft_pinned, flags, lease, soft_deadline,
                           status, kind, segment, refcnt, segment_readable):
     """Object-level memory-eviction candidate at the sampled ``now``."""
