@@ -64,7 +64,7 @@ def restore(path: str) -> MasterService:
     clocks = ManualClocks()
     master, _, _ = restore_latest_with(SnapshotRepository(path), clocks,
                                        lambda s: MasterService.from_state(s, clocks=clocks),
-                                       drop_expired=False)
+                                       drop_expired=False, build_checks_unique_keys=True)
     return master
 
 

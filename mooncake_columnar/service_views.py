@@ -71,7 +71,7 @@ class ViewsMixin:
         """A master rebuilt from a validated SnapshotState whose deadlines are already in this
         process's steady domain. ``segments_readable=False`` restores every segment with an
         invalid endpoint (standby promotion: unreadable until its client remounts)."""
-        state.validate()
+        state.validate(check_unique_keys=False)  # loading the key index checks uniqueness
         m = cls(config, clocks=clocks, initial_capacity=max(1024, state.objects.num_rows))
         load_tables(m, state.objects, state.replicas, state.segments, segments_readable=segments_readable)
         m.next_replica_id = max(m.next_replica_id, int(state.replica_next_id))

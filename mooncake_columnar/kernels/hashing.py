@@ -252,3 +252,27 @@ def delete_rows(table, rows, arena, key_refs, row_tenant):
             touch[t] = table[home_slot(hs[t], mask)]
         for t in range(m):
             delete_row(table, rows[b + t], hs[t])
+
+
+@njit(cache=True)
+def insert_rows_unique(table, rows, arena, key_refs, row_tenant):
+    """Insert rows whose keys should all be distinct; returns the index (into ``rows``) of the
+    first row whose (tenant, key) is already present, or -1. Used to load snapshots, where the
+    index itself is the uniqueness check. Blocks of home slots are touched first (see find_rows)."""
+    hs = np.empty(_BLOCK, np.uint64)
+    touch = np.empty(_BLOCK, np.int64)
+    mask = table.shape[0] - 1
+    for b in range(0, rows.shape[0], _BLOCK):
+        m = min(_BLOCK, rows.shape[0] - b)
+        for t in range(m):
+            hs[t] = row_hash(arena, key_refs, row_tenant, rows[b + t])
+            touch[t] = table[home_slot(hs[t], mask)]
+        for t in range(m):
+            r = rows[b + t]
+            ref = key_refs[r]
+            existing, slot = find_or_empty_slot(table, arena, key_refs, row_tenant, arena, ref_offset(ref),
+                                                ref_length(ref), row_tenant[r], hs[t])
+            if existing >= 0:
+                return b + t
+            fill_slot(table, slot, hs[t], r)
+    return -1

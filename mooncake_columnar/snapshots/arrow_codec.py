@@ -103,8 +103,9 @@ def _read_ipc(data: Payload, schema: pa.Schema, name: str) -> pa.Table:
     return table
 
 
-def decode_state(payloads: dict[str, Payload]) -> SnapshotState:
-    """Verify the digest, decode the three tables and validate the result."""
+def decode_state(payloads: dict[str, Payload], *, check_unique_keys: bool = True) -> SnapshotState:
+    """Verify the digest, decode the three tables and validate the result (the (tenant, key)
+    uniqueness check may be left to a caller that loads the keys into an index anyway)."""
     verify_digest(payloads)
     replicas = _read_ipc(payloads[REPLICAS_FILE], REPLICAS_ARROW_SCHEMA, REPLICAS_FILE)
     meta = replicas.schema.metadata or {}
@@ -119,4 +120,4 @@ def decode_state(payloads: dict[str, Payload]) -> SnapshotState:
         .replace_schema_metadata(None),
         replica_next_id=int(raw_next),
     )
-    return state.validate()
+    return state.validate(check_unique_keys=check_unique_keys)

@@ -111,8 +111,8 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
     return cleaned, int(n - objects.num_rows)
 
 
-def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks
-                     ) -> tuple[SnapshotState, SnapshotManifest, int]:
+def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks, *,
+                     check_unique_keys: bool = True) -> tuple[SnapshotState, SnapshotManifest, int]:
     """Decode one candidate into the current steady domain; returns (state, manifest, C1).
 
     (S1, C1) is read once, before anything is downloaded or decoded, so the time decoding takes
@@ -124,7 +124,7 @@ def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks
         raise ManifestError(f"manifest names {manifest.snapshot_id}, directory is {snapshot_id}")
     if manifest.is_v2:
         payloads = repo.read_payloads(snapshot_id, (*PAYLOAD_FILES, DIGEST_FILE))
-        state = convert_v2_state(decode_state(payloads), manifest,
+        state = convert_v2_state(decode_state(payloads, check_unique_keys=check_unique_keys), manifest,
                                  restore_system_ns=restore_system_ns,
                                  restore_steady_ns=restore_steady_ns)
     else:
@@ -144,16 +144,18 @@ def restore_latest(repo: SnapshotRepository, clocks: Clocks, drop_expired: bool 
 
 
 def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
-                        build: Callable[[SnapshotState], T], drop_expired: bool = True
-                        ) -> tuple[T, SnapshotManifest, RestoreStats]:
+                        build: Callable[[SnapshotState], T], drop_expired: bool = True, *,
+                        build_checks_unique_keys: bool = False) -> tuple[T, SnapshotManifest, RestoreStats]:
     """:func:`restore_latest`, with ``build`` (e.g. rebuilding the engine) run on each cleaned
     candidate inside the candidate's failure scope: if ``build`` raises, the candidate fails as a
-    whole and the next one is tried."""
+    whole and the next one is tried. ``build_checks_unique_keys``: the builder rejects duplicate
+    (tenant, key) itself (MasterService.from_state does, while loading its key index)."""
     stats = RestoreStats()
     for snapshot_id in repo.candidates():
         stats.candidates_tried += 1
         try:
-            state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks)
+            state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks,
+                                                       check_unique_keys=not build_checks_unique_keys)
             state, dropped = cleanup_state(state, now_ns, drop_expired)
             built = build(state)
         except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)

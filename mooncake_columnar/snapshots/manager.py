@@ -227,7 +227,8 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         # Inside the candidate's failure scope: an engine-side rejection falls back too.
         return MasterService.from_state(state, config=config, clocks=clocks, segments_readable=True)
 
-    master, manifest, stats = restore_latest_with(repo, clocks, build, snapshot_restore_drop_expired)
+    master, manifest, stats = restore_latest_with(repo, clocks, build, snapshot_restore_drop_expired,
+                                                  build_checks_unique_keys=True)
     metrics = master.metrics
     metrics.inc("restore_v2_total" if manifest.is_v2 else "restore_v1_total")
     metrics.inc("clock_conversion_failures_total", stats.conversion_failures)

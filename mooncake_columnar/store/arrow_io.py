@@ -15,6 +15,7 @@ from ..kernels import hashing as hk
 from ..kernels import objects as ok
 from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED,
                       KIND_MEMORY, REPLICAS_ARROW_SCHEMA, SEGMENTS_ARROW_SCHEMA)
+from ..errors import SnapshotIntegrityError
 from .segments import Segment
 from .strings import StringDictionary
 
@@ -108,7 +109,10 @@ def load_tables(m: "MasterService", objects: pa.Table, replicas: pa.Table, segme
     m.keys.arena[start:start + nbytes] = data[offsets[0]:offsets[-1]]
     lengths = np.diff(offsets)
     o.key_ref[rows] = ((start + offsets[:-1] - offsets[0]) << hk.KEY_LENGTH_BITS) | lengths
-    hk.insert_rows(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
+    dup = hk.insert_rows_unique(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
+    if dup >= 0:  # the index is the (tenant, key) uniqueness check of a loaded state
+        raise SnapshotIntegrityError(f"objects: duplicate (tenant, key) "
+                                     f"({objects.column('tenant')[dup]}, {objects.column('key')[dup]})")
     m.keys.note_inserted(n, start + nbytes)
 
     # groups: one code per (tenant, group); members linked by a kernel
@@ -128,11 +132,14 @@ def load_tables(m: "MasterService", objects: pa.Table, replicas: pa.Table, segme
 
     # replicas: slot = rank of the replica within its object
     oi = replicas.column("object_index").to_numpy()
-    order = np.argsort(oi, kind="stable")
-    oi_sorted = oi[order]
-    first = np.searchsorted(oi_sorted, oi_sorted, side="left")
-    slot = np.empty_like(oi)
-    slot[order] = np.arange(oi.size) - first
+    if oi.size and (np.diff(oi) > 0).all():
+        slot = np.zeros_like(oi)  # the usual case: one replica per object, in object order
+    else:
+        order = np.argsort(oi, kind="stable")
+        oi_sorted = oi[order]
+        first = np.searchsorted(oi_sorted, oi_sorted, side="left")
+        slot = np.empty_like(oi)
+        slot[order] = np.arange(oi.size) - first
     o.ensure_slots(int(slot.max()) + 1 if slot.size else 1)
     target = rows[oi]
     seg_names = replicas.column("segment")

@@ -1,0 +1,22 @@
+"""A state with a duplicate (tenant, key) is rejected by the engine load, whole."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from conftest import make_master
+from mooncake_columnar import MasterService
+from mooncake_columnar.errors import SnapshotIntegrityError
+from mooncake_columnar.snapshots.state import SnapshotState
+
+
+def test_from_state_rejects_duplicate_keys(clocks):
+    m = make_master(clocks)
+    for k in ("a", "b"):
+        m.put_start(k, 8, client_id="client0")
+        m.put_end(k, client_id="client0")
+    s = m.export_state()
+    objects = s.objects.set_column(1, s.objects.schema.field("key"), pa.array(["a", "a"], pa.string()))
+    with pytest.raises(SnapshotIntegrityError, match="duplicate"):
+        MasterService.from_state(SnapshotState(objects, s.replicas, s.segments, s.replica_next_id),
+                                 config=m.config, clocks=clocks)
