@@ -6,6 +6,7 @@ Single-key calls raise the typed error of their code; batch calls return int32 c
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -14,10 +15,11 @@ import pyarrow.compute as pc
 from . import eviction as ev
 from .clock import NS_PER_MS, Clocks, MonotonicClocks
 from .config import MAX_TTL_MS, MasterConfig
-from .errors import ErrorCode, InvalidParams
+from .errors import ErrorCode, InvalidParams, error_for_code
 from .kernels import allocation as ak
 from .kernels import objects as ok
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
+from .ha.journal import Journal, finalize_removed
 from .metrics import Metrics
 from .offload import OffloadQueue
 from .quota import TenantLedger
@@ -41,6 +43,8 @@ from .store.keys import KeyIndex, as_string_array, string_buffers
 from .store.objects import ObjectTable
 from .store.segments import SegmentTable
 from .store.strings import StringDictionary
+if TYPE_CHECKING:
+    from .ha.writer import OpLogWriter
 from .validation import (
     _COMPLETE,
     _locked,
@@ -57,7 +61,7 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
     """Object metadata of a Mooncake Store master, as columns."""
 
     def __init__(self, config: MasterConfig | None = None, *, clocks: Clocks | None = None,
-                 initial_capacity: int = 1024) -> None:
+                 initial_capacity: int = 1024, journal: "OpLogWriter | None" = None) -> None:
         if config is None:
             config = MasterConfig()
         if not isinstance(config, MasterConfig):
@@ -76,6 +80,9 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
         self.group_head = np.full(16, -1, np.int64)
         self.next_replica_id = 1
         self.metrics = Metrics()
+        # HA primary: operations go to the oplog writer; removals free space only once durable
+        self.journal = Journal(journal) if journal is not None else None
+        self.remount_fault: Callable[[str], None] | None = None  # tests: fail a remount at a named step
         self.ledger = TenantLedger()  # maintained only in multi-tenant mode (quota admission)
         self.offloads = OffloadQueue(config.offloading_queue_limit)
         self.eviction_armed = False
@@ -159,24 +166,19 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
         queued = 0
         if self.config.enable_offload and self.config.offload_on_evict and plan.rows.size:
             removed, queued = self._offload_instead(plan.rows, removed)
-        touched = plan.rows[removed.any(axis=1)]
-        if touched.size == 0:
+        hit = removed.any(axis=1)
+        if not hit.any():
             return 0, 0, queued
-        self._charge(plan.rows, -1)
-        r_idx, slot = np.nonzero(removed)
-        rows = plan.rows[r_idx]
-        segs = o.replica_segment[rows, slot].astype(np.int64)
-        live = self.segments.allocatable[segs]
-        seg = self.segments
-        ak.free_extent_list(segs[live], o.replica_offset[rows[live], slot[live]], o.size_bytes[rows[live]],
-                            seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
-        freed = int(o.size_bytes[rows].sum())
-        o.replica_status[rows, slot] = 0
-        o.replica_segment[rows, slot] = -1
-        empty = (o.replica_status[plan.rows] == 0).all(axis=1)
-        self._charge(plan.rows[~empty], +1)
-        self._erase_rows(plan.rows[empty], charged=False)
-        return int(touched.size), freed, queued
+        rows = plan.rows[hit]
+        if self.journal is not None:  # hide now, free once durable; a full window stops the cycle
+            if not self.journal.hide_then_free(self, rows, removed[hit]):
+                self.metrics.inc("eviction_oplog_backpressure")
+                return 0, 0, queued
+            return int(rows.size), int((o.size_bytes[rows] * removed[hit].sum(axis=1)).sum()), queued
+        r_idx, slot = np.nonzero(removed[hit])
+        freed = self._drop_slots(rows[r_idx], slot)
+        self._erase_rows(rows[(o.replica_status[rows] == 0).all(axis=1)])
+        return int(rows.size), freed, queued
 
     def _discard_expired_puts(self, now_ms: int) -> None:
         """Upstream DiscardExpiredProcessingReplicas: puts older than the release timeout lose
@@ -271,8 +273,9 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
             found = self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))
             exists = (found >= 0) & (codes == 0)
             rows = found[exists]
-            has_complete = (o.replica_status[rows] == _COMPLETE).any(axis=1)
-            blocked = has_complete | (self._put_start_time_ms(rows) + discard_ms >= now_ms)
+            # complete, recently started, or removed but not yet durable (journal): all block
+            held = (o.replica_status[rows] == _COMPLETE) | (o.replica_status[rows] == int(ReplicaStatus.REMOVED))
+            blocked = held.any(axis=1) | (self._put_start_time_ms(rows) + discard_ms >= now_ms)
             codes[np.flatnonzero(exists)[blocked]] = ErrorCode.OBJECT_ALREADY_EXISTS
             self._discard_puts(np.unique(rows[~blocked]), now_ms)
         # otherwise every existing key is complete or recent: the insert kernel reports it
@@ -379,6 +382,8 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
                          o.inflight, self.inflight.pending_soft_pin_ttl_ns, released)
         self.inflight.release(released)
         self._charge(found, +1)
+        if self.journal is not None:
+            self.journal.put_end(self, np.unique(rows[released >= 0]))
         return codes
 
     @_locked
@@ -496,8 +501,40 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
         repeat = np.ones(removed.size, np.bool_)
         repeat[first] = False
         codes[removed[repeat]] = ErrorCode.OBJECT_NOT_FOUND  # a repeated key: gone by its turn
-        self._erase_rows(doomed)
+        if not self._remove_objects(doomed):
+            codes[removed] = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS  # oplog window full: nothing removed
         return codes
+
+    def _remove_objects(self, rows: np.ndarray) -> bool:
+        """Explicit removal: erase now, or with an oplog hide now and free once durable.
+        False when the oplog refused (window full); then nothing changed."""
+        if self.journal is None:
+            self._erase_rows(rows)
+            return True
+        return self.journal.hide_then_free(self, rows)
+
+    def _drop_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
+        """Free the memory extents of replica slots (rows[i], slots[i]) and clear them; returns bytes."""
+        o = self.objects
+        if rows.size == 0:
+            return 0
+        touched = np.unique(rows)
+        self._charge(touched, -1)
+        segs = o.replica_segment[rows, slots].astype(np.int64)
+        mem = (o.replica_kind[rows, slots] == int(KIND_MEMORY)) & (segs >= 0)
+        mem &= self.segments.allocatable[np.where(mem, segs, 0)]
+        seg = self.segments
+        ak.free_extent_list(segs[mem], o.replica_offset[rows[mem], slots[mem]], o.size_bytes[rows[mem]],
+                            seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
+        o.replica_status[rows, slots] = 0
+        o.replica_segment[rows, slots] = -1
+        self._charge(touched, +1)
+        return int(o.size_bytes[rows].sum())
+
+    def _finalize_removed(self, rows: np.ndarray, replica_ids: np.ndarray) -> None:
+        """Durable-callback of journaled removals (any thread): free what is still REMOVED."""
+        with self._lock:
+            finalize_removed(self, rows, replica_ids)
 
     @_locked
     def remove_all(self, *, force: bool = False, tenant_id: str | None = None) -> int:
@@ -522,7 +559,8 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
         ok.classify_removals(rows, self.clocks.steady_ns(), force, self.objects.lease_deadline_ns,
                              self.objects.replica_status, codes)
         doomed = rows[codes == 0]
-        self._erase_rows(doomed)
+        if not self._remove_objects(doomed):
+            raise error_for_code(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, "oplog window full: nothing removed")
         return int(doomed.size)
 
     def _erase_rows(self, rows: np.ndarray, *, charged: bool = True) -> None:

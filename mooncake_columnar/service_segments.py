@@ -1,6 +1,7 @@
 """Segments and clients: mount, unmount, ping, remount, liveness expiry (a MasterService part)."""
 from __future__ import annotations
 
+import time
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -8,6 +9,7 @@ import numpy as np
 from .clock import NS_PER_S
 from .errors import InvalidParams, SegmentAlreadyExists
 from .kernels import objects as ok
+from .recovery import RemountReport, recover_segments
 from .schema import KIND_MEMORY, PingStatus
 from .store.segments import Segment
 from .validation import _locked, _require_int, _require_str
@@ -31,6 +33,8 @@ class SegmentsMixin:
                 return
             raise SegmentAlreadyExists(f"segment {seg.name!r} is mounted with different parameters")
         self.segments.mount(seg)
+        if self.journal is not None:
+            self.journal.segment(self, seg, mounted=True)
 
     @_locked
     def unmount_segment(self, name: str) -> None:
@@ -56,6 +60,8 @@ class SegmentsMixin:
             self._erase_rows(emptied, charged=False)
             keep = self._discarded_seg != code
             self._drop_discarded(keep)
+            if self.journal is not None:
+                self.journal.segment(self, self.segments.info[code], mounted=False)
             self.segments.unmount(code)
 
     @_locked
@@ -66,14 +72,18 @@ class SegmentsMixin:
         return PingStatus.OK if client in self._ok_clients else PingStatus.NEED_REMOUNT
 
     @_locked
-    def remount_segments(self, client_id: str, segments: Sequence[Segment | dict]) -> int:
-        """The client's answer to NEED_REMOUNT: mount its segments (idempotent) and mark it OK.
+    def remount_segments(self, client_id: str, segments: Sequence[Segment | dict]) -> RemountReport:
+        """The client's answer to NEED_REMOUNT.
 
-        Returns the number of segments newly mounted. All segments are validated first; a bad
-        one raises and mounts nothing.
+        Identical already-mounted segments are a no-op; unknown ones are mounted; segments restored
+        from a standby (unreadable, invalid endpoint) are recovered in RFC Phase 1 order and their
+        objects get ONE recovery lease. Everything is validated first; a failure mounts, publishes
+        and grants nothing (retry later) and the client stays NEED_REMOUNT.
         """
+        t0 = time.perf_counter()
         client = _require_str("client_id", client_id)
-        parsed = []
+        plain: list[Segment] = []
+        restored: list[tuple[int, Segment]] = []
         for s in segments:
             seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
             if seg is None:
@@ -83,19 +93,43 @@ class SegmentsMixin:
                           _require_int("size", seg.size, 1))
             if seg.client != client:
                 raise InvalidParams(f"segment {seg.name!r} belongs to client {seg.client!r}, not {client!r}")
-            existing = self.segments.get(seg.name)
-            if existing is not None and existing != seg:
+            code = self.segments.code(seg.name)
+            existing = self.segments.info[code] if code >= 0 else None
+            if existing is None:
+                plain.append(seg)
+            elif not self.segments.readable[code]:
+                # standby-restored: must match the standby registry's name, endpoint and capacity
+                if (existing.endpoint, existing.size) != (seg.endpoint, seg.size):
+                    raise InvalidParams(f"segment {seg.name!r} does not match the standby registry "
+                                        f"(endpoint {existing.endpoint!r}, capacity {existing.size})")
+                restored.append((code, seg))
+            elif existing != seg:
                 raise InvalidParams(f"segment {seg.name!r} is mounted with a different identity")
-            parsed.append(seg)
-        now = self.clocks.steady_ns()
-        self._touch_client(client, now)
-        mounted = 0
-        for seg in parsed:
-            if self.segments.get(seg.name) is None:
-                self.segments.mount(seg)
-                mounted += 1
+        mask, assign_s, visible_ms, deadline = np.zeros(0, np.bool_), 0.0, 0.0, 0
+        if restored:
+            try:
+                mask, assign_s, visible_ms, deadline = recover_segments(self, client, restored, self.remount_fault)
+            except Exception:
+                self.metrics.inc("remount_failures")
+                raise
+        self._touch_client(client, self.clocks.steady_ns())
+        for seg in plain:
+            self.segments.mount(seg)
+        if self.journal is not None:
+            for seg in plain + [self.segments.info[c] for c, _ in restored]:
+                self.journal.segment(self, seg, mounted=True)
         self._ok_clients.add(client)
-        return mounted
+        report = RemountReport(client, tuple(s.name for _, s in restored), len(plain), int(mask.sum()),
+                               self.config.effective_recovery_kv_lease_ttl_ms, int(deadline), assign_s,
+                               time.perf_counter() - t0, visible_ms)
+        if restored:
+            m = self.metrics
+            m.inc("remount_matched_objects", report.matched_objects)
+            m.set("remount_assignment_seconds", report.assignment_seconds)
+            m.set("remount_total_seconds", report.total_seconds)
+            m.set("remount_effective_recovery_ttl_ms", report.effective_recovery_ttl_ms)
+            m.set("remount_visible_ttl_ms", report.visible_ttl_ms)
+        return report
 
     def _touch_client(self, client: str, now: int) -> None:
         self._client_deadline_ns[client] = now + self.config.client_live_ttl_s * NS_PER_S

@@ -45,7 +45,7 @@ class ViewsMixin:
             tenant=self.tenants.name(int(o.tenant[row])), key=key,
             client=self.clients.name(int(o.client[row])), size=int(o.size_bytes[row]),
             data_type=int(o.data_type[row]),
-            group_id=self._group_names[int(o.group[row])] if f & FLAG_GROUPED else "",
+            group_id=self._group_name(row),
             hard_pinned=bool(f & FLAG_HARD_PINNED), soft_pin_enabled=bool(f & FLAG_SOFT_PIN_ENABLED),
             lease_deadline_ns=int(o.lease_deadline_ns[row]),
             soft_pin_deadline_ns=int(o.soft_pin_deadline_ns[row]),
@@ -80,6 +80,9 @@ class ViewsMixin:
         for client in set(state.segments.column("client").to_pylist()):
             m._touch_client(client, now)  # restored clients must ping within client_live_ttl_s
         return m
+
+    def _group_name(self, row: int) -> str:
+        return self._group_names[int(self.objects.group[row])] if self.objects.flags[row] & FLAG_GROUPED else ""
 
     def _objects_table(self) -> pa.Table:
         o = self.objects

@@ -246,7 +246,7 @@ def test_ping_need_remount_until_remount_and_client_expiry(clocks):
     put(m, "k")
     assert m.ping("client0") == PingStatus.NEED_REMOUNT
     seg = dict(name="seg0", endpoint="10.0.0.0:1234", client="client0", base=1 << 32, size=64 * MB)
-    assert m.remount_segments("client0", [seg]) == 0   # identical: idempotent
+    assert m.remount_segments("client0", [seg]).newly_mounted == 0   # identical: idempotent
     assert m.ping("client0") == PingStatus.OK
     with pytest.raises(InvalidParams):
         m.remount_segments("client0", [dict(seg, size=1)])

@@ -72,6 +72,10 @@ def test_only_predicates_module_tests_pin_bits_or_compares_deadlines():
         tree = ast.parse(path.read_text())
         names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         assert not names & {"FLAG_HARD_PINNED", "FLAG_SOFT_PIN_ENABLED", "_HARD", "_SOFT_ENABLED"}, path.name
+        bit_tests = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.BinOp)  # not `& ~bit` (clearing)
+                     and isinstance(n.op, ast.BitAnd) and "flags" in ast.unparse(n.left)
+                     and not isinstance(n.right, ast.UnaryOp)]
+        assert not bit_tests, f"{path.name} tests flag bits itself: {bit_tests}"
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare):
                 text = ast.unparse(node)

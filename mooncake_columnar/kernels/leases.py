@@ -5,7 +5,7 @@ import numpy as np
 from numba import njit
 
 from ..schema import FLAG_GROUP_REFRESH, FLAG_PENDING_SOFT_PIN, FLAG_SOFT_PIN_ENABLED, INT64_MAX
-from .predicates import group_awaits_refresh, is_grouped
+from .predicates import group_awaits_refresh, is_grouped, is_soft_pin_enabled
 
 _REFRESH = int(FLAG_GROUP_REFRESH)
 _SOFT_ENABLED = int(FLAG_SOFT_PIN_ENABLED)
@@ -55,12 +55,20 @@ def grant_read_lease(row, now, ttl_ns, lease, flags, group_next):
             break
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def grant_until_masked(deadlines, mask, deadline):
     """Masked max-update of many rows to one deadline (remount recovery, batch reads)."""
     for i in range(deadlines.shape[0]):
         if mask[i] and deadline > deadlines[i]:
             deadlines[i] = deadline
+
+
+@njit(cache=True, nogil=True)
+def grant_soft_pin_masked(soft_deadlines, flags, mask, deadline):
+    """Remount: SOFT_PIN_ENABLED objects in ``mask`` get the full soft-pin TTL (max-update)."""
+    for i in range(soft_deadlines.shape[0]):
+        if mask[i] and is_soft_pin_enabled(flags[i]) and deadline > soft_deadlines[i]:
+            soft_deadlines[i] = deadline
 
 
 @njit(cache=True)

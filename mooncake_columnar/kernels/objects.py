@@ -335,3 +335,34 @@ def readable_mask(rows, slots, rep_status, rep_kind, rep_seg, seg_readable):
         j = slots[i]
         out[i] = is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable)
     return out
+
+
+@njit(cache=True, nogil=True)
+def locate_segment_replicas(on_segment, rows_hw, flags, rep_status, rep_kind, rep_seg):
+    """Remount's one columnar pass: a boolean mask of the objects with a memory replica on any
+    segment flagged in ``on_segment`` (each object once, however many replicas match), and the
+    (segment, row, slot) of those replicas for the allocator rebuild."""
+    mask = np.zeros(rows_hw, np.bool_)
+    count = 0
+    for r in range(rows_hw):
+        if not is_live(flags[r]):
+            continue
+        for j in range(rep_status.shape[1]):
+            s = rep_seg[r, j]
+            if slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and s >= 0 and on_segment[s]:
+                mask[r] = True
+                count += 1
+    segs = np.empty(count, np.int64)
+    rows = np.empty(count, np.int64)
+    slots = np.empty(count, np.int64)
+    k = 0
+    for r in range(rows_hw):
+        if mask[r]:
+            for j in range(rep_status.shape[1]):
+                s = rep_seg[r, j]
+                if slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and s >= 0 and on_segment[s]:
+                    segs[k] = s
+                    rows[k] = r
+                    slots[k] = j
+                    k += 1
+    return mask, segs, rows, slots

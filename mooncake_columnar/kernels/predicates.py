@@ -78,7 +78,13 @@ def lease_expired(lease_deadline, now):
 @njit(inline="always", cache=True)
 def soft_pin_active(flags, soft_pin_deadline, now):
     """Soft pin protects only while enabled AND inside its current interval."""
-    return (flags & _SOFT) != 0 and now < soft_pin_deadline
+    return is_soft_pin_enabled(flags) and now < soft_pin_deadline
+
+
+@njit(inline="always", cache=True)
+def is_soft_pin_enabled(flags):
+    """Participates in soft-pin policy (the interval may have expired)."""
+    return (flags & _SOFT) != 0
 
 
 @njit(inline="always", cache=True)

@@ -73,13 +73,19 @@ def export_tables(m: "MasterService") -> tuple[pa.Table, pa.Table, pa.Table]:
 def load_tables(m: "MasterService", objects: pa.Table, replicas: pa.Table, segments: pa.Table, *,
                 segments_readable: bool) -> None:
     """Fill an empty master from validated tables (objects table order = replica object_index)."""
-    o = m.objects
-    n = objects.num_rows
     # segments first: replica segment names resolve to their codes
     for name, endpoint, client, base, size in zip(*(segments.column(c).to_pylist() for c in
                                                     ("name", "endpoint", "client", "base", "size"))):
         m.segments.mount(Segment(name, endpoint, client, int(base), int(size)), readable=segments_readable)
+    append_objects(m, objects, replicas)
+    rebuild_allocators(m, range(len(m.segments.info)))
 
+
+def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) -> np.ndarray:
+    """Add objects whose (tenant, key) are new (else SnapshotIntegrityError, nothing indexed
+    twice); replica segments must be mounted. Returns the new rows in table order."""
+    o = m.objects
+    n = objects.num_rows
     rows = o.take_rows(n)
     o.tenant[rows] = _codes(objects.column("tenant"), m.tenants)
     o.client[rows] = _codes(objects.column("client"), m.clients)
@@ -150,14 +156,28 @@ def load_tables(m: "MasterService", objects: pa.Table, replicas: pa.Table, segme
     o.replica_status[target, slot] = replicas.column("status").to_numpy()
     o.replica_offset[target, slot] = replicas.column("offset").to_numpy()
     o.replica_id[target, slot] = replicas.column("replica_id").to_numpy()
+    return rows
 
-    # allocators: gaps between the occupied extents of each segment become free space
-    mem = (replicas.column("kind").to_numpy() == int(KIND_MEMORY)) & (o.replica_segment[target, slot] >= 0)
-    codes = o.replica_segment[target, slot][mem]
-    offs = replicas.column("offset").to_numpy()[mem]
-    sizes = replicas.column("size").to_numpy()[mem]
-    by_seg = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[by_seg], np.arange(len(m.segments.info) + 1))
-    for code in range(len(m.segments.info)):
-        sel = by_seg[bounds[code]:bounds[code + 1]]
+
+def occupied_extents(m: "MasterService", codes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(segment code, offset, size) of every memory replica on the given segments, one pass."""
+    o = m.objects
+    hw = o.high_water
+    wanted = np.zeros(max(1, len(m.segments.info)), np.bool_)
+    wanted[list(codes)] = True
+    seg = o.replica_segment[:hw]
+    mem = ((o.replica_kind[:hw] == int(KIND_MEMORY)) & (o.replica_status[:hw] != 0) & (seg >= 0)
+           & ((o.flags[:hw] & FLAG_LIVE) != 0)[:, None])
+    mem &= wanted[np.where(mem, seg, 0)]
+    r, j = np.nonzero(mem)
+    return seg[r, j].astype(np.int64), o.replica_offset[r, j], o.size_bytes[r]
+
+
+def rebuild_allocators(m: "MasterService", codes) -> None:
+    """Each listed segment's free space becomes the gaps between its occupied extents."""
+    segs, offs, sizes = occupied_extents(m, codes)
+    by_seg = np.argsort(segs, kind="stable")
+    for code in codes:
+        lo, hi = np.searchsorted(segs[by_seg], [code, code + 1])
+        sel = by_seg[lo:hi]
         m.segments.rebuild_allocator(code, offs[sel], sizes[sel])

@@ -86,11 +86,14 @@ class SegmentTable:
     def rebuild_allocator(self, code: int, offsets: np.ndarray, sizes: np.ndarray) -> None:
         """Replace the allocator of ``code`` by one whose free space is the gaps between extents."""
         starts, lengths = ak.free_extents_from_occupied(int(self.capacity[code]), offsets, sizes)
+        self.install_allocator(code, starts, lengths, int(np.asarray(sizes, np.int64).sum()))
+
+    def install_allocator(self, code: int, starts: np.ndarray, lengths: np.ndarray, used: int) -> None:
         n = starts.size
         self.extent_starts[code] = np.concatenate((starts, np.empty(max(8, n), np.int64)))
         self.extent_lengths[code] = np.concatenate((lengths, np.empty(max(8, n), np.int64)))
         self.extent_counts[code] = n
-        self.used[code] = int(np.asarray(sizes, np.int64).sum())
+        self.used[code] = used
 
     def _grow(self, need: int) -> None:
         cap = self.readable.shape[0]

@@ -1,0 +1,116 @@
+"""Remount recovery (RFC Phase 1): a promoted master's segment becomes serviceable only after its
+client remounts it, and only then do its objects get ONE fresh recovery lease.
+
+Exact ordering, under the master's lock: validate -> locate the replicas of the remounted segments
+(one columnar pass, a boolean object mask deduplicates without a hash table) -> rebuild each
+allocator from the occupied extents -> replace buffers -> verify -> one recovery deadline and one
+soft-pin deadline -> masked max-update of the lease (and soft-pin) columns -> clear invalid
+endpoints -> publish readable. Any failure before publication grants nothing, publishes nothing,
+rolls the allocators back and can be retried. Several segments publish all or none.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .clock import NS_PER_MS
+from .kernels import allocation as ak
+from .kernels import objects as ok
+from .kernels.leases import grant_soft_pin_masked, grant_until_masked
+from .store.segments import Segment
+
+if TYPE_CHECKING:
+    from .master import MasterService
+
+log = logging.getLogger(__name__)
+# warn when the deadline assignment eats this share of the recovery TTL (RFC observability)
+MATERIAL_TTL_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class RemountReport:
+    client_id: str
+    segments: tuple[str, ...]        # segments recovered (standby-restored, now serviceable)
+    newly_mounted: int               # segments that were not known at all (plain mounts)
+    matched_objects: int
+    effective_recovery_ttl_ms: int
+    recovery_deadline_ns: int
+    assignment_seconds: float        # deadline computation + masked max-update
+    total_seconds: float             # the whole remount under the lock
+    visible_ttl_ms: float            # lease left on the recovered objects when the segment went live
+
+
+class RecoveryFault(RuntimeError):
+    """Raised by an injected fault hook (tests) to fail a remount at a named step."""
+
+
+def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, Segment]],
+                     fault: Callable[[str], None] | None = None) -> tuple[np.ndarray, float, float, int]:
+    """Recover standby-restored segments ``(code, requested segment)``; returns
+    (object mask, assignment seconds, visible ttl ms, deadline). Raises on any failure, with
+    nothing granted or published and every allocator as it was."""
+    step = fault or (lambda name: None)
+    seg = m.segments
+    codes = [c for c, _ in segments]
+    step("locate")
+    o = m.objects
+    hw = o.high_water
+    on = np.zeros(max(1, len(seg.info)), np.bool_)
+    on[codes] = True
+    mask, segs, rows, slots = ok.locate_segment_replicas(on, hw, o.flags, o.replica_status, o.replica_kind,
+                                                         o.replica_segment)
+    offs, sizes = o.replica_offset[rows, slots], o.size_bytes[rows]
+
+    step("rebuild_allocators")
+    rebuilt = {}
+    by_seg = np.argsort(segs, kind="stable")
+    for code, req in segments:
+        lo, hi = np.searchsorted(segs[by_seg], [code, code + 1])
+        sel = by_seg[lo:hi]
+        # raises ValueError on overlap or an extent beyond the capacity: nothing installed yet
+        starts, lengths = ak.free_extents_from_occupied(int(seg.capacity[code]), offs[sel], sizes[sel])
+        rebuilt[code] = (starts, lengths, int(sizes[sel].sum()))
+
+    saved = {c: (seg.extent_starts[c], seg.extent_lengths[c], int(seg.extent_counts[c]), int(seg.used[c]),
+                 seg.info[c]) for c in codes}
+    try:
+        step("replace_buffers")
+        for code, req in segments:
+            starts, lengths, used = rebuilt[code]
+            seg.install_allocator(code, starts, lengths, used)
+            seg.info[code] = Segment(req.name, req.endpoint, client, req.base, req.size)
+        step("verify")
+        for code in codes:
+            n = int(seg.extent_counts[code])
+            free = int(seg.extent_lengths[code][:n].sum())
+            if free + int(seg.used[code]) != int(seg.capacity[code]):
+                raise RuntimeError(f"segment {seg.info[code].name!r}: allocator does not add up after rebuild")
+        step("assign")
+    except BaseException:
+        for c, (st, ln, n, used, info) in saved.items():  # roll back: as if never attempted
+            seg.extent_starts[c], seg.extent_lengths[c] = st, ln
+            seg.extent_counts[c], seg.used[c] = n, used
+            seg.info[c] = info
+        raise
+
+    t0 = time.perf_counter()
+    now = m.clocks.steady_ns()
+    deadline = now + m.config.effective_recovery_kv_lease_ttl_ms * NS_PER_MS      # ONE deadline
+    soft_deadline = now + m.config.default_kv_soft_pin_ttl_ms * NS_PER_MS         # ONE soft-pin deadline
+    grant_until_masked(o.lease_deadline_ns[:hw], mask, deadline)  # max-update: never shortens
+    grant_soft_pin_masked(o.soft_pin_deadline_ns[:hw], o.flags[:hw], mask, soft_deadline)
+    assignment_s = time.perf_counter() - t0
+
+    for code in codes:  # clear invalid endpoints, publish
+        seg.readable[code] = True
+        seg.allocatable[code] = True
+    visible_ms = (deadline - m.clocks.steady_ns()) / NS_PER_MS
+    ttl_ms = m.config.effective_recovery_kv_lease_ttl_ms
+    if ttl_ms and assignment_s * 1000 > MATERIAL_TTL_SHARE * ttl_ms:
+        log.warning("remount of %d segment(s): deadline assignment took %.3f s of a %d ms recovery TTL",
+                    len(codes), assignment_s, ttl_ms)
+    return mask, assignment_s, visible_ms, deadline
