@@ -210,9 +210,9 @@ class StandbyService:
         for b in batches:
             if b.first_sequence_id > expected:
                 raise OpLogGap(f"batch starts at {b.first_sequence_id}, expected sequence id {expected}")
-            if b.last_sequence_id < expected:
-                raise OpLogRegression(f"batch {b.first_sequence_id}..{b.last_sequence_id} is behind "
-                                      f"the applied sequence id {expected - 1}")
+            if b.last_sequence_id < expected:  # upstream: older entries skipped, then nothing holds expected
+                raise OpLogGap(f"batch {b.first_sequence_id}..{b.last_sequence_id} was read where sequence "
+                               f"id {expected} was expected (history missing)")
             last = min(b.last_sequence_id, prefix)  # never past the prefix read above
             slices.append(b.entries[expected - b.first_sequence_id:last - b.first_sequence_id + 1])
             expected = last + 1
