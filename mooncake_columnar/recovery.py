@@ -39,6 +39,8 @@ class RemountReport:
     matched_objects: int
     effective_recovery_ttl_ms: int
     recovery_deadline_ns: int
+    locate_seconds: float            # the columnar pass finding the remounted segments' objects
+    rebuild_seconds: float           # allocators rebuilt from the occupied extents (sort by offset)
     assignment_seconds: float        # deadline computation + masked max-update
     total_seconds: float             # the whole remount under the lock
     visible_ttl_ms: float            # lease left on the recovered objects when the segment went live
@@ -48,33 +50,46 @@ class RecoveryFault(RuntimeError):
     """Raised by an injected fault hook (tests) to fail a remount at a named step."""
 
 
+@dataclass(frozen=True)
+class _Recovered:
+    mask: np.ndarray
+    deadline: int
+    locate_seconds: float
+    rebuild_seconds: float
+    assignment_seconds: float
+    visible_ttl_ms: float
+
+
 def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, Segment]],
-                     fault: Callable[[str], None] | None = None) -> tuple[np.ndarray, float, float, int]:
-    """Recover standby-restored segments ``(code, requested segment)``; returns
-    (object mask, assignment seconds, visible ttl ms, deadline). Raises on any failure, with
-    nothing granted or published and every allocator as it was."""
+                     fault: Callable[[str], None] | None = None) -> _Recovered:
+    """Recover standby-restored segments ``(code, requested segment)``. Raises on any failure,
+    with nothing granted or published and every allocator as it was."""
     step = fault or (lambda name: None)
     seg = m.segments
     codes = [c for c, _ in segments]
     step("locate")
+    t_locate = time.perf_counter()
     o = m.objects
     hw = o.high_water
     on = np.zeros(max(1, len(seg.info)), np.bool_)
     on[codes] = True
-    mask, segs, rows, slots = ok.locate_segment_replicas(on, hw, o.flags, o.replica_status, o.replica_kind,
-                                                         o.replica_segment)
-    offs, sizes = o.replica_offset[rows, slots], o.size_bytes[rows]
+    mask = ok.objects_on_segments(on, hw, o.flags, o.replica_status, o.replica_kind, o.replica_segment)
+    locate_s = time.perf_counter() - t_locate
 
     step("rebuild_allocators")
+    t_rebuild = time.perf_counter()
+    segs, offs, sizes = ok.segment_extents(mask, on, o.size_bytes, o.replica_status, o.replica_kind,
+                                           o.replica_segment, o.replica_offset)
     rebuilt = {}
-    by_seg = np.argsort(segs, kind="stable")
+    by_seg = np.argsort(segs, kind="stable") if len(codes) > 1 else np.arange(segs.size)
     for code, req in segments:
-        lo, hi = np.searchsorted(segs[by_seg], [code, code + 1])
+        lo, hi = np.searchsorted(segs[by_seg], [code, code + 1]) if len(codes) > 1 else (0, segs.size)
         sel = by_seg[lo:hi]
         # raises ValueError on overlap or an extent beyond the capacity: nothing installed yet
         starts, lengths = ak.free_extents_from_occupied(int(seg.capacity[code]), offs[sel], sizes[sel])
         rebuilt[code] = (starts, lengths, int(sizes[sel].sum()))
 
+    rebuild_s = time.perf_counter() - t_rebuild
     saved = {c: (seg.extent_starts[c], seg.extent_lengths[c], int(seg.extent_counts[c]), int(seg.used[c]),
                  seg.info[c]) for c in codes}
     try:
@@ -113,4 +128,4 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     if ttl_ms and assignment_s * 1000 > MATERIAL_TTL_SHARE * ttl_ms:
         log.warning("remount of %d segment(s): deadline assignment took %.3f s of a %d ms recovery TTL",
                     len(codes), assignment_s, ttl_ms)
-    return mask, assignment_s, visible_ms, deadline
+    return _Recovered(mask, deadline, locate_s, rebuild_s, assignment_s, visible_ms)

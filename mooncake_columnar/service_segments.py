@@ -105,10 +105,10 @@ class SegmentsMixin:
                 restored.append((code, seg))
             elif existing != seg:
                 raise InvalidParams(f"segment {seg.name!r} is mounted with a different identity")
-        mask, assign_s, visible_ms, deadline = np.zeros(0, np.bool_), 0.0, 0.0, 0
+        rec = None
         if restored:
             try:
-                mask, assign_s, visible_ms, deadline = recover_segments(self, client, restored, self.remount_fault)
+                rec = recover_segments(self, client, restored, self.remount_fault)
             except Exception:
                 self.metrics.inc("remount_failures")
                 raise
@@ -119,9 +119,11 @@ class SegmentsMixin:
             for seg in plain + [self.segments.info[c] for c, _ in restored]:
                 self.journal.segment(self, seg, mounted=True)
         self._ok_clients.add(client)
-        report = RemountReport(client, tuple(s.name for _, s in restored), len(plain), int(mask.sum()),
-                               self.config.effective_recovery_kv_lease_ttl_ms, int(deadline), assign_s,
-                               time.perf_counter() - t0, visible_ms)
+        report = RemountReport(
+            client, tuple(s.name for _, s in restored), len(plain), int(rec.mask.sum()) if rec else 0,
+            self.config.effective_recovery_kv_lease_ttl_ms, rec.deadline if rec else 0,
+            rec.locate_seconds if rec else 0.0, rec.rebuild_seconds if rec else 0.0,
+            rec.assignment_seconds if rec else 0.0, time.perf_counter() - t0, rec.visible_ttl_ms if rec else 0.0)
         if restored:
             m = self.metrics
             m.inc("remount_matched_objects", report.matched_objects)

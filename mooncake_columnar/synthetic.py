@@ -29,6 +29,13 @@ def mount_segments(m: MasterService, segments: int, segment_bytes: int, client_p
                         client_id=f"{client_prefix}-{i}", base=(i + 1) << 40, size=segment_bytes)
 
 
+def segment_request(m: MasterService, index: int, client_prefix: str = "client") -> dict:
+    """What the owner of ``mount_segments``' segment ``index`` sends when it remounts."""
+    seg = m.segments.get(f"segment-{index}")
+    return dict(name=seg.name, endpoint=seg.endpoint, client=f"{client_prefix}-{index}",
+                base=(index + 1) << 40, size=seg.size)
+
+
 def fill(m: MasterService, objects: int, *, object_bytes: int = 4096, chunk: int = 1_000_000,
          client_id: str = "client-0", progress=None, **put_config) -> None:
     """Put and complete ``objects`` objects in vectorized batches of ``chunk`` keys."""

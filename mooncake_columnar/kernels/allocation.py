@@ -143,9 +143,11 @@ def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.nda
     """
     offsets = np.asarray(offsets, np.int64)
     sizes = np.asarray(sizes, np.int64)
-    order = np.argsort(offsets, kind="stable")
-    o = offsets[order]
-    z = sizes[order]
+    if offsets.size > 1 and (offsets[1:] >= offsets[:-1]).all():
+        o, z = offsets, sizes  # already in offset order (the usual case after a bulk load)
+    else:
+        order = np.argsort(offsets, kind="stable")
+        o, z = offsets[order], sizes[order]
     ends = o + z
     bad = (o < 0) | (z <= 0) | (ends > capacity)
     if bad.any():

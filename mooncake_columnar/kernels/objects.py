@@ -6,7 +6,7 @@ the same calls made one after another.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..schema import FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_PROCESSING
 from . import allocation as ak
@@ -337,32 +337,47 @@ def readable_mask(rows, slots, rep_status, rep_kind, rep_seg, seg_readable):
     return out
 
 
-@njit(cache=True, nogil=True)
-def locate_segment_replicas(on_segment, rows_hw, flags, rep_status, rep_kind, rep_seg):
+@njit(inline="always", cache=True)
+def _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+    s = rep_seg[r, j]
+    return slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and s >= 0 and on_segment[s]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def objects_on_segments(on_segment, rows_hw, flags, rep_status, rep_kind, rep_seg):
     """Remount's one columnar pass: a boolean mask of the objects with a memory replica on any
-    segment flagged in ``on_segment`` (each object once, however many replicas match), and the
-    (segment, row, slot) of those replicas for the allocator rebuild."""
+    segment flagged in ``on_segment`` (each object once, however many replicas match)."""
     mask = np.zeros(rows_hw, np.bool_)
+    chunks = 64
+    step = (rows_hw + chunks - 1) // chunks
+    for c in prange(chunks):
+        for r in range(c * step, min(rows_hw, (c + 1) * step)):
+            if is_live(flags[r]):
+                for j in range(rep_status.shape[1]):
+                    if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                        mask[r] = True
+    return mask
+
+
+@njit(cache=True, nogil=True)
+def segment_extents(mask, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off):
+    """(segment, offset, size) of the matching replicas of the masked objects (allocator rebuild)."""
     count = 0
-    for r in range(rows_hw):
-        if not is_live(flags[r]):
-            continue
-        for j in range(rep_status.shape[1]):
-            s = rep_seg[r, j]
-            if slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and s >= 0 and on_segment[s]:
-                mask[r] = True
-                count += 1
-    segs = np.empty(count, np.int64)
-    rows = np.empty(count, np.int64)
-    slots = np.empty(count, np.int64)
-    k = 0
-    for r in range(rows_hw):
+    for r in range(mask.shape[0]):
         if mask[r]:
             for j in range(rep_status.shape[1]):
-                s = rep_seg[r, j]
-                if slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and s >= 0 and on_segment[s]:
-                    segs[k] = s
-                    rows[k] = r
-                    slots[k] = j
+                if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                    count += 1
+    segs = np.empty(count, np.int64)
+    offs = np.empty(count, np.int64)
+    lens = np.empty(count, np.int64)
+    k = 0
+    for r in range(mask.shape[0]):
+        if mask[r]:
+            for j in range(rep_status.shape[1]):
+                if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                    segs[k] = rep_seg[r, j]
+                    offs[k] = rep_off[r, j]
+                    lens[k] = sizes[r]
                     k += 1
-    return mask, segs, rows, slots
+    return segs, offs, lens
