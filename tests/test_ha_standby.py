@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import hypothesis.strategies as st
 import pytest
@@ -32,14 +33,23 @@ from mooncake_columnar.ha.oplog import (
     PutEndPayload,
     ReplicaDescriptor,
     SegmentPayload,
-    encode_batch,
 )
-from mooncake_columnar.ha.standby import IncompleteOpLogCatchUp, OpLogRegression, StandbyFailed, StandbyService
+from mooncake_columnar.ha.standby import (
+    IncompleteOpLogCatchUp,
+    OpLogRegression,
+    StandbyFailed,
+    StandbyService,
+)
 from mooncake_columnar.ha.stores import EtcdOpLogStore, FileOpLogStore, OpLogStore
 from mooncake_columnar.ha.writer import OpLogWriter
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.messages import ReplicateConfig, SoftPinAction
-from mooncake_columnar.schema import NEVER_LEASED, NO_DEADLINE, PingStatus, ReplicaStatus
+from mooncake_columnar.schema import (
+    NEVER_LEASED,
+    NO_DEADLINE,
+    PingStatus,
+    ReplicaStatus,
+)
 from mooncake_columnar.snapshots.standby import StandbySnapshotStore
 from mooncake_columnar.testing.etcd_server import EtcdServer, EtcdStartError
 

@@ -11,8 +11,21 @@ import pytest
 
 from mooncake_columnar.clock import ManualClocks
 from mooncake_columnar.config import MasterConfig
-from mooncake_columnar.errors import ManifestError, SnapshotDigestError, SnapshotError, SnapshotPayloadError, SnapshotSchemaError
-from mooncake_columnar.ha.oplog import OpLogBatch, OpLogEntry, OpType, PutEndPayload, ReplicaDescriptor, encode_batch
+from mooncake_columnar.errors import (
+    ManifestError,
+    SnapshotDigestError,
+    SnapshotError,
+    SnapshotPayloadError,
+    SnapshotSchemaError,
+)
+from mooncake_columnar.ha.oplog import (
+    OpLogBatch,
+    OpLogEntry,
+    OpType,
+    PutEndPayload,
+    ReplicaDescriptor,
+    encode_batch,
+)
 from mooncake_columnar.ha.standby import standby_snapshot_of, state_of_standby
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.messages import ReplicateConfig, SoftPinAction

@@ -17,7 +17,8 @@ from __future__ import annotations
 import base64
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..clock import NS_PER_S, Clocks
 from ..errors import InvalidParams, OpLogStoreUnavailable

@@ -24,17 +24,29 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from ..clock import NS_PER_S, Clocks
 from ..config import MasterConfig
-from ..errors import ErrorCode, OpLogError, OpLogGap, OpLogStoreUnavailable, UnavailableInCurrentStatus
+from ..errors import (
+    ErrorCode,
+    OpLogError,
+    OpLogGap,
+    OpLogStoreUnavailable,
+    UnavailableInCurrentStatus,
+)
 from ..master import MasterService
 from ..metrics import Metrics
-from ..schema import NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA, SEGMENTS_ARROW_SCHEMA
+from ..schema import (
+    NEVER_LEASED,
+    NO_DEADLINE,
+    OBJECTS_ARROW_SCHEMA,
+    REPLICAS_ARROW_SCHEMA,
+    SEGMENTS_ARROW_SCHEMA,
+)
 from ..snapshots.repository import SnapshotRepository
 from ..snapshots.standby import (
     STANDBY_OBJECTS_SCHEMA,

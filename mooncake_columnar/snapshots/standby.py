@@ -27,8 +27,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..clock import NS_PER_MS, Clocks
-from ..errors import ManifestError, SnapshotError, SnapshotIntegrityError, SnapshotPayloadError, SnapshotSchemaError
-from .arrow_codec import DIGEST_FILE, OBJECTS_FILE, REPLICAS_FILE, SEGMENTS_FILE, Payload, digest_of, verify_digest
+from ..errors import (
+    ManifestError,
+    SnapshotError,
+    SnapshotIntegrityError,
+    SnapshotPayloadError,
+    SnapshotSchemaError,
+)
+from .arrow_codec import (
+    DIGEST_FILE,
+    OBJECTS_FILE,
+    REPLICAS_FILE,
+    SEGMENTS_FILE,
+    Payload,
+    digest_of,
+    verify_digest,
+)
 from .manager import _id_ms
 from .manifest import is_valid_snapshot_id, snapshot_id_for
 from .repository import SnapshotRepository
@@ -83,7 +97,7 @@ class StandbySnapshot:
     segments: pa.Table
     last_sequence_id: int
 
-    def validate(self) -> "StandbySnapshot":
+    def validate(self) -> StandbySnapshot:
         for table, schema, name in ((self.objects, STANDBY_OBJECTS_SCHEMA, OBJECTS_FILE),
                                     (self.replicas, STANDBY_REPLICAS_SCHEMA, REPLICAS_FILE),
                                     (self.segments, STANDBY_SEGMENTS_SCHEMA, SEGMENTS_FILE)):
@@ -204,7 +218,7 @@ class StandbySnapshotStore:
         self._last_id: str | None = None
 
     @classmethod
-    def open(cls, uri: str, cluster_id: str) -> "StandbySnapshotStore":
+    def open(cls, uri: str, cluster_id: str) -> StandbySnapshotStore:
         return cls(SnapshotRepository(uri, cluster_id + STANDBY_CLUSTER_SUFFIX))
 
     def _next_id(self, system_ns: int) -> str:
