@@ -7,7 +7,7 @@ import pytest
 
 from conftest import MB, make_master
 from mooncake_columnar import NEVER_LEASED, NO_DEADLINE, MasterService, PingStatus, ReplicateConfig, SoftPinAction
-from mooncake_columnar.errors import InvalidParams, ObjectHasLease, ReplicaNotReady
+from mooncake_columnar.errors import InvalidParams, MooncakeError, ObjectHasLease, ReplicaNotReady
 from mooncake_columnar.recovery import RecoveryFault
 from mooncake_columnar.snapshots.state import SnapshotState
 
@@ -174,3 +174,16 @@ def test_remount_rejects_segment_of_another_client(clocks):
         m.remount_segments("client1", [seg_dict(0)])
     with pytest.raises(InvalidParams):
         m.remount_segments("client0", [seg_dict(0, base=999 << 32)])  # mismatched existing identity
+
+
+def test_promoted_master_does_not_allocate_on_unremounted_segments(clocks):
+    m = promoted(clocks)
+    m.mount_segment("fresh", endpoint="10.1.1.1:1", client_id="client9", base=1 << 40, size=64 * MB)
+    m.put_start("new", 4096, client_id="client9")
+    assert [r.segment for r in m.object_info("new").replicas] == ["fresh"]
+    m.unmount_segment("fresh")
+    with pytest.raises(MooncakeError):   # only unremounted segments left: no space to allocate
+        m.put_start("other", 4096, client_id="client9")
+    m.remount_segments("client0", [seg_dict(0)])
+    m.put_start("other", 4096, client_id="client9")
+    assert [r.segment for r in m.object_info("other").replicas] == ["seg0"]

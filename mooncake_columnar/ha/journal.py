@@ -32,12 +32,15 @@ class Journal:
         self.writer = writer
 
     # ---- ops -------------------------------------------------------------------------------
-    def _object_op(self, m: "MasterService", row: int, keep: np.ndarray | None) -> OpLogOp:
+    def _object_ops(self, m: "MasterService", rows: np.ndarray, keep: np.ndarray | None) -> list[OpLogOp]:
+        keys = m.keys.keys_of(rows).to_pylist()  # one gather for the whole batch
+        return [self._object_op(m, int(r), keys[i], None if keep is None else keep[i]) for i, r in enumerate(rows)]
+
+    def _object_op(self, m: "MasterService", row: int, key: str, keep: np.ndarray | None) -> OpLogOp:
         """PUT_END carrying the descriptors of the replicas that stay (``keep`` mask over slots,
         default: the COMPLETE ones), or REMOVE when none stays."""
         o = m.objects
         tenant = m.tenants.name(int(o.tenant[row]))
-        key = m.keys.keys_of(np.array([row]))[0].as_py()
         status = o.replica_status[row]
         if keep is None:
             keep = status == _COMPLETE
@@ -71,7 +74,7 @@ class Journal:
             m.metrics.inc("oplog_put_end_dropped", int(rows.size))
             log.warning("oplog window full: %d PUT_END entries not journaled", rows.size)
             return
-        self.writer.submit(res, [self._object_op(m, int(r), None) for r in rows])
+        self.writer.submit(res, self._object_ops(m, rows, None))
 
     def hide_then_free(self, m: "MasterService", rows: np.ndarray, removed: np.ndarray | None = None) -> bool:
         """Mark the ``removed`` slots (default: every slot) of ``rows`` REMOVED, journal
@@ -86,8 +89,7 @@ class Journal:
         if res is None:
             return False
         remaining = (o.replica_status[rows] != 0) & ~removed
-        ops = [self._object_op(m, int(r), remaining[i] & (o.replica_status[r] == _COMPLETE))
-               for i, r in enumerate(rows)]
+        ops = self._object_ops(m, rows, remaining & (o.replica_status[rows] == _COMPLETE))
         ids = np.where(removed, o.replica_id[rows], 0)
         r_idx, slot = np.nonzero(removed)
         o.replica_status[rows[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable

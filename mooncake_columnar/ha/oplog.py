@@ -91,16 +91,24 @@ def _bool(v: Any) -> str | None:
 
 
 def _enum(cls: type[IntEnum]) -> _Check:
+    values = frozenset(int(member) for member in cls)  # membership test: no enum instance per check
+
     def check(v: Any) -> str | None:
         if type(v) is not int and not isinstance(v, cls):
             return f"expected an integer {cls.__name__}, got {type(v).__name__}"
-        try:
-            cls(v)
-        except ValueError:
+        if v not in values:
             return f"{v} is not a {cls.__name__}"
         return None
 
     return check
+
+
+def _trusted(cls: type, fields: dict[str, Any]) -> Any:
+    """Build a frozen dataclass from fields the decoder already checked (skips re-validation)."""
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 def _require(obj: object, checks: dict[str, _Check]) -> None:
@@ -210,7 +218,12 @@ class OpLogOp:
         object.__setattr__(self, "op", OpType(self.op))
 
     def at(self, sequence_id: int) -> OpLogEntry:
-        return OpLogEntry(sequence_id, self.op, self.tenant, self.key, self.payload)
+        problem = _seq(sequence_id)
+        if problem is not None:
+            raise InvalidParams(f"OpLogEntry.sequence_id: {problem}")
+        # the body was validated when this op was built: only the id is new
+        return _trusted(OpLogEntry, dict(sequence_id=sequence_id, op=self.op, tenant=self.tenant, key=self.key,
+                                         payload=self.payload))
 
 
 @dataclass(frozen=True)
@@ -352,11 +365,14 @@ def _payload_from_wire(op: OpType, m: Any, where: str) -> Payload:
     if op is OpType.PUT_END:
         f = _fields(m, where, _PUT_END_WIRE, _PUT_END_DEFAULTS)
         f["replicas"] = tuple(
-            ReplicaDescriptor(**_fields(r, f"{where}.replicas[{i}]", _REPLICA_CHECKS))
+            _trusted(ReplicaDescriptor, _fields(r, f"{where}.replicas[{i}]", _REPLICA_CHECKS))
             for i, r in enumerate(f["replicas"])
         )
-        return PutEndPayload(**f)
-    return SegmentPayload(**_fields(m, where, _SEGMENT_CHECKS))
+        return _trusted(PutEndPayload, f)
+    return _trusted(SegmentPayload, _fields(m, where, _SEGMENT_CHECKS))
+
+
+_OPS = {int(op): op for op in OpType}
 
 
 def decode_batch(data: bytes) -> OpLogBatch:
@@ -387,7 +403,9 @@ def decode_batch(data: bytes) -> OpLogBatch:
         e = _fields(m, where, _ENTRY_WIRE)
         if e["seq"] != first + i:
             raise OpLogCorrupt(f"{where}.seq", f"sequence id {e['seq']}, expected {first + i} (non-contiguous)")
-        op = OpType(e["op"])
+        op = _OPS[e["op"]]
         payload = _payload_from_wire(op, e["payload"], f"{where}.payload")
-        entries.append(OpLogEntry(e["seq"], op, e["tenant"], e["key"], payload))
-    return OpLogBatch(first, tuple(entries))
+        entries.append(_trusted(OpLogEntry, dict(sequence_id=e["seq"], op=op, tenant=e["tenant"], key=e["key"],
+                                                 payload=payload)))
+    # every field and the contiguity were checked above; keep the verified bytes (no re-encode)
+    return _trusted(OpLogBatch, dict(first_sequence_id=first, entries=tuple(entries), checksum=actual, _blob=blob))

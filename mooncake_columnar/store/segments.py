@@ -64,7 +64,8 @@ class SegmentTable:
         self.extent_lengths[code][0] = seg.size
         self.extent_counts[code] = 1
         self.readable[code] = readable
-        self.allocatable[code] = True
+        # an unreadable (standby-restored) segment takes no new allocations until its remount
+        self.allocatable[code] = readable
         return code
 
     def unmount(self, code: int) -> None:
