@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import WindowFull
 from ..schema import FLAG_HARD_PINNED, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ReplicaStatus
 from ..store.segments import Segment
-from .oplog import OpLogOp, OpType, PutEndPayload, ReplicaDescriptor, SegmentPayload
+from .oplog import OpLogOp, OpType, SegmentPayload, trusted_op, trusted_put_end, trusted_replica
 from .writer import OpLogWriter
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _REMOVED = int(ReplicaStatus.REMOVED)
 _COMPLETE = int(ReplicaStatus.COMPLETE)
+_MEMORY = int(KIND_MEMORY)
 
 
 class Journal:
@@ -33,30 +34,33 @@ class Journal:
 
     # ---- ops -------------------------------------------------------------------------------
     def _object_ops(self, m: "MasterService", rows: np.ndarray, keep: np.ndarray | None) -> list[OpLogOp]:
-        keys = m.keys.keys_of(rows).to_pylist()  # one gather for the whole batch
-        return [self._object_op(m, int(r), keys[i], None if keep is None else keep[i]) for i, r in enumerate(rows)]
-
-    def _object_op(self, m: "MasterService", row: int, key: str, keep: np.ndarray | None) -> OpLogOp:
-        """PUT_END carrying the descriptors of the replicas that stay (``keep`` mask over slots,
-        default: the COMPLETE ones), or REMOVE when none stays."""
+        """One op per row: PUT_END carrying the replicas that stay (``keep`` mask over slots,
+        default: the COMPLETE ones), or REMOVE when none stays. Columns are gathered once."""
         o = m.objects
-        tenant = m.tenants.name(int(o.tenant[row]))
-        status = o.replica_status[row]
         if keep is None:
-            keep = status == _COMPLETE
-        reps = []
-        for j in np.flatnonzero(keep):
-            kind = int(o.replica_kind[row, j])
-            seg = m.segments.info[int(o.replica_segment[row, j])].name if kind == int(KIND_MEMORY) else ""
-            reps.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, seg, int(o.replica_offset[row, j]),
-                                          int(o.size_bytes[row]), _COMPLETE))
-        if not reps:
-            return OpLogOp(OpType.REMOVE, tenant, key, None)
-        f = int(o.flags[row])
-        return OpLogOp(OpType.PUT_END, tenant, key, PutEndPayload(
-            client=m.clients.name(int(o.client[row])), size=int(o.size_bytes[row]), replicas=tuple(reps),
-            data_type=int(o.data_type[row]), group_id=m._group_name(row),
-            hard_pinned=bool(f & FLAG_HARD_PINNED), soft_pin_enabled=bool(f & FLAG_SOFT_PIN_ENABLED)))
+            keep = o.replica_status[rows] == _COMPLETE
+        keys = m.keys.keys_of(rows).to_pylist()
+        tenants = [m.tenants.name(c) for c in o.tenant[rows].tolist()]
+        clients = [m.clients.name(c) for c in o.client[rows].tolist()]
+        sizes = o.size_bytes[rows].tolist()
+        dtypes = o.data_type[rows].tolist()
+        flags = o.flags[rows].tolist()
+        kinds, segs = o.replica_kind[rows].tolist(), o.replica_segment[rows].tolist()
+        offs, ids = o.replica_offset[rows].tolist(), o.replica_id[rows].tolist()
+        keep_l = keep.tolist()
+        names = [s.name if s else "" for s in m.segments.info]
+        ops = []
+        for i, row in enumerate(rows.tolist()):
+            reps = tuple(trusted_replica(ids[i][j], kinds[i][j], names[segs[i][j]] if kinds[i][j] == _MEMORY else "",
+                                         offs[i][j], sizes[i], _COMPLETE)
+                         for j, k in enumerate(keep_l[i]) if k)
+            if not reps:
+                ops.append(trusted_op(OpType.REMOVE, tenants[i], keys[i], None))
+                continue
+            ops.append(trusted_op(OpType.PUT_END, tenants[i], keys[i], trusted_put_end(
+                clients[i], sizes[i], reps, dtypes[i], m._group_name(row),
+                bool(flags[i] & FLAG_HARD_PINNED), bool(flags[i] & FLAG_SOFT_PIN_ENABLED))))
+        return ops
 
     def _try_reserve(self, n: int):
         try:

@@ -106,8 +106,7 @@ def _enum(cls: type[IntEnum]) -> _Check:
 def _trusted(cls: type, fields: dict[str, Any]) -> Any:
     """Build a frozen dataclass from fields the decoder already checked (skips re-validation)."""
     obj = object.__new__(cls)
-    for name, value in fields.items():
-        object.__setattr__(obj, name, value)
+    obj.__dict__.update(fields)  # frozen dataclasses keep their fields in __dict__
     return obj
 
 
@@ -183,6 +182,7 @@ class SegmentPayload:
 
 
 Payload = Union[PutEndPayload, SegmentPayload, None]
+_OP_CHECK = _enum(OpType)
 
 # Which payload type each op carries (REMOVE carries none, as upstream).
 _PAYLOAD_TYPE: dict[OpType, type | None] = {
@@ -194,7 +194,7 @@ _PAYLOAD_TYPE: dict[OpType, type | None] = {
 
 
 def _validate_body(owner: str, op: Any, tenant: Any, key: Any, payload: Any) -> None:
-    for name, check, value in (("op", _enum(OpType), op), ("tenant", _nonempty_str, tenant), ("key", _key, key)):
+    for name, check, value in (("op", _OP_CHECK, op), ("tenant", _nonempty_str, tenant), ("key", _key, key)):
         problem = check(value)
         if problem is not None:
             raise InvalidParams(f"{owner}.{name}: {problem}")
@@ -409,3 +409,21 @@ def decode_batch(data: bytes) -> OpLogBatch:
                                                  payload=payload)))
     # every field and the contiguity were checked above; keep the verified bytes (no re-encode)
     return _trusted(OpLogBatch, dict(first_sequence_id=first, entries=tuple(entries), checksum=actual, _blob=blob))
+
+
+def trusted_replica(replica_id: int, kind: int, segment: str, offset: int, size: int, status: int,
+                    endpoint: str = "") -> ReplicaDescriptor:
+    """A descriptor built from engine columns, which are valid by construction (no re-check:
+    the primary's journal builds one per journaled object)."""
+    return _trusted(ReplicaDescriptor, dict(replica_id=replica_id, kind=kind, segment=segment, offset=offset,
+                                            size=size, status=status, endpoint=endpoint))
+
+
+def trusted_put_end(client: str, size: int, replicas: tuple[ReplicaDescriptor, ...], data_type: int,
+                    group_id: str, hard_pinned: bool, soft_pin_enabled: bool) -> PutEndPayload:
+    return _trusted(PutEndPayload, dict(client=client, size=size, replicas=replicas, data_type=data_type,
+                                        group_id=group_id, hard_pinned=hard_pinned, soft_pin_enabled=soft_pin_enabled))
+
+
+def trusted_op(op: OpType, tenant: str, key: str, payload: Payload) -> OpLogOp:
+    return _trusted(OpLogOp, dict(op=op, tenant=tenant, key=key, payload=payload))
