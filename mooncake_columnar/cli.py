@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- snapshot ls|inspect|verify (implemented in snapshot_cli.py) ----
     from . import snapshot_cli
     snapshot_cli.add_parser(sub)
+    # ---- simulate (implemented in simulate_cli.py) ----
+    from . import simulate_cli
+    simulate_cli.add_parser(sub)
     return p
 
 
