@@ -6,10 +6,13 @@ import json
 from mooncake_columnar.cli import main
 
 
-def test_demo_runs_on_embedded_defaults(capsys):
+def test_demo_runs_a_failover_on_embedded_defaults(capsys):
     assert main(["demo", "--objects", "20000"]) == 0
     out = capsys.readouterr().out
-    assert "primary holds 20,000 objects" in out and "OBJECT_HAS_LEASE" in out
+    assert "standby promoted" in out and "REPLICA_IS_NOT_READY" in out
+    assert "durably removed objects present after promotion: 0 of 100" in out
+    assert "an hour later, eviction at 100%: 0 evicted" in out
+    assert out.count("got ONE recovery lease") == 4
 
 
 def test_bench_core_json_has_figures_with_baselines(capsys):
