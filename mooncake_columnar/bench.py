@@ -165,20 +165,19 @@ def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: fl
 def promoted_master(objects: int, *, segments: int = 1, replicas: int = 1, show_progress: bool = False,
                     config: MasterConfig | None = None) -> MasterService:
     """A master as standby promotion leaves it: N objects, every lease NEVER_LEASED, every segment
-    unreadable until its client remounts (real clocks, so the visible window is measured)."""
-    import pyarrow as pa
+    unreadable (invalid endpoint, no allocations) until its client remounts. Built in place rather
+    than through export/restore so that 100M objects fit in memory; real clocks, so the visible
+    window is measured."""
     from .clock import MonotonicClocks
     from .schema import NEVER_LEASED
-    from .snapshots.state import SnapshotState
-    primary = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
-                           config=config)
-    st = primary.export_state()
-    del primary
-    col = st.objects.schema.get_field_index("lease_deadline_ns")
-    objs = st.objects.set_column(col, st.objects.schema.field(col),
-                                 pa.array(np.full(st.objects.num_rows, NEVER_LEASED, np.int64)))
-    return MasterService.from_state(SnapshotState(objs, st.replicas, st.segments, st.replica_next_id),
-                                    config=config, clocks=MonotonicClocks(), segments_readable=False)
+    m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
+                     config=config, clocks=MonotonicClocks())
+    m.objects.lease_deadline_ns[: m.objects.high_water] = NEVER_LEASED
+    m.segments.readable[:] = False
+    m.segments.allocatable[:] = False
+    for i in range(segments):
+        m._touch_client(f"client-{i}", 2**62)  # the bench's clients never time out
+    return m
 
 
 def bench_remount(objects: int, *, segments: int = 1, replicas: int = 1, show_progress: bool = False) -> dict:
