@@ -1,0 +1,71 @@
+"""Remount recovery of one segment after standby promotion (RFC Phase 1), as in
+``mooncake-columnar bench remount``.
+
+One segment holds all ``objects`` objects: the RFC's worst case (nearly 1e8 objects per segment).
+Every sample remounts a fresh promoted master rebuilt in ``setup`` from a cached promoted state
+(``MasterService.from_state``; a remount publishes the segment, so it cannot be repeated on the
+same master). Budget at 1e8 objects (ARCHITECTURE.md section 7): match + assign <= 0.5 s and
+<= 3x a same-run NumPy copy of the lease column; visible window >= 9.9 s at 1e7 with a 10 s TTL.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mooncake_columnar.bench import promoted_master
+from mooncake_columnar.clock import MonotonicClocks
+from mooncake_columnar.master import MasterService
+from mooncake_columnar.recovery import RemountReport
+from mooncake_columnar.snapshots.state import SnapshotState
+from mooncake_columnar.synthetic import segment_request
+
+from ._common import OBJECT_COUNTS, TIMEOUT_S, best_seconds
+
+SEGMENTS = 1
+CLIENT = "client-0"
+WARMUP_OBJECTS = 1024
+
+_STATES: dict[int, SnapshotState] = {}
+
+
+def promoted(objects: int) -> MasterService:
+    """A freshly promoted master (every segment unreadable, leases NEVER_LEASED), real clocks."""
+    if objects not in _STATES:
+        _STATES[objects] = promoted_master(objects, segments=SEGMENTS).export_state()
+    return MasterService.from_state(_STATES[objects], clocks=MonotonicClocks(), segments_readable=False)
+
+
+def remount(m: MasterService) -> RemountReport:
+    return m.remount_segments(CLIENT, [segment_request(m, 0)])
+
+
+class Remount:
+    params = OBJECT_COUNTS
+    param_names = ["objects"]
+    timeout = TIMEOUT_S
+    number = 1  # each timed call needs the fresh master setup built
+    repeat = (1, 5, 60.0)
+    warmup_time = 0.0
+
+    def setup(self, objects: int) -> None:
+        remount(promoted(WARMUP_OBJECTS))  # JIT warm-up of the locate/rebuild/assign kernels
+        self.m = promoted(objects)
+
+    def time_remount_refresh(self, objects: int) -> None:
+        remount(self.m)
+
+    def peakmem_remount_refresh(self, objects: int) -> None:
+        remount(self.m)
+
+    def track_visible_recovery_ttl_ms(self, objects: int) -> float:
+        return remount(self.m).visible_ttl_ms
+
+    track_visible_recovery_ttl_ms.unit = "ms"
+
+    def track_refresh_ratio_to_baseline(self, objects: int) -> float:
+        # The baseline copies the same (pre-remount) lease column the refresh writes.
+        lease = self.m.objects.lease_deadline_ns[: self.m.objects.high_water]
+        copy_s = best_seconds(lambda: np.array(lease))
+        report = remount(self.m)
+        return (report.locate_seconds + report.assignment_seconds) / copy_s
+
+    track_refresh_ratio_to_baseline.unit = "ratio"
