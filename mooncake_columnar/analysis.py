@@ -42,10 +42,8 @@ class MeasuredClocks(ManualClocks):
     exactly the simulated time given to :meth:`advance`.
     """
 
-    def __init__(self, steady_ns: int | None = None, system_ns: int | None = None) -> None:
-        defaults = ManualClocks()
-        super().__init__(defaults.steady_ns() if steady_ns is None else steady_ns,
-                         defaults.system_ns() if system_ns is None else system_ns)
+    def __init__(self, **start_ns: int) -> None:
+        super().__init__(**start_ns)
         self._started: int | None = None
 
     def _running_ns(self) -> int:
@@ -257,14 +255,16 @@ def restore_lease_distribution(objects: int, *, downtime_ms: int, skew_ms: int, 
     age_ns = (rng.exponential(lease_ttl_ms, hw) * NS_PER_MS).astype(np.int64)
     c0, s0 = writer.steady_ns(), writer.system_ns()
     o.lease_deadline_ns[:hw] = c0 + lease_ttl_ms * NS_PER_MS - age_ns
-    before = m.export_state().objects.select(["key", "lease_deadline_ns"])
+    state = m.export_state()
+    before = state.objects.select(["key", "lease_deadline_ns"])
+    del m  # the restore below holds a second copy of everything: keep only the compared columns
 
     restorer = ManualClocks(steady_ns=RESTORE_STEADY_EPOCH_NS, system_ns=s0 + (downtime_ms - skew_ms) * NS_PER_MS)
     c1 = restorer.steady_ns()  # frozen during the restore: C1 is exact, the restore is timed
     with tempfile.TemporaryDirectory(prefix="mooncake-restore-analysis-") as root:
         repo = SnapshotRepository(root)
-        write_snapshot(repo, m.export_state(), s0, c0)
-        del m
+        write_snapshot(repo, state, s0, c0)
+        del state
         t0 = time.perf_counter()
         restored, stats = restore_master(repo, clocks=restorer, drop_expired=False)
         restore_s = time.perf_counter() - t0
