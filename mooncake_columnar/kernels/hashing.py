@@ -239,17 +239,25 @@ def insert_rows(table, rows, arena, key_refs, row_tenant):
         insert_row(table, r, row_hash(arena, key_refs, row_tenant, r))
 
 
+@njit(inline="always", cache=True)
+def _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, touch):
+    """Hash rows[b:b+len(hs)] and load their home slots (independent misses overlap); returns the
+    block length. The caller then probes with the hashes while the slots are in cache."""
+    m = min(hs.shape[0], rows.shape[0] - b)
+    mask = table.shape[0] - 1
+    for t in range(m):
+        hs[t] = row_hash(arena, key_refs, row_tenant, rows[b + t])
+        touch[t] = table[home_slot(hs[t], mask)]
+    return m
+
+
 @njit(cache=True)
 def delete_rows(table, rows, arena, key_refs, row_tenant):
-    """Delete many rows; hashes and home slots of a block are loaded first so misses overlap."""
+    """Delete many rows, a staged block at a time."""
     hs = np.empty(_BLOCK, np.uint64)
     touch = np.empty(_BLOCK, np.int64)
-    mask = table.shape[0] - 1
     for b in range(0, rows.shape[0], _BLOCK):
-        m = min(_BLOCK, rows.shape[0] - b)
-        for t in range(m):
-            hs[t] = row_hash(arena, key_refs, row_tenant, rows[b + t])
-            touch[t] = table[home_slot(hs[t], mask)]
+        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, touch)
         for t in range(m):
             delete_row(table, rows[b + t], hs[t])
 
@@ -258,15 +266,11 @@ def delete_rows(table, rows, arena, key_refs, row_tenant):
 def insert_rows_unique(table, rows, arena, key_refs, row_tenant):
     """Insert rows whose keys should all be distinct; returns the index (into ``rows``) of the
     first row whose (tenant, key) is already present, or -1. Used to load snapshots, where the
-    index itself is the uniqueness check. Blocks of home slots are touched first (see find_rows)."""
+    index itself is the uniqueness check."""
     hs = np.empty(_BLOCK, np.uint64)
     touch = np.empty(_BLOCK, np.int64)
-    mask = table.shape[0] - 1
     for b in range(0, rows.shape[0], _BLOCK):
-        m = min(_BLOCK, rows.shape[0] - b)
-        for t in range(m):
-            hs[t] = row_hash(arena, key_refs, row_tenant, rows[b + t])
-            touch[t] = table[home_slot(hs[t], mask)]
+        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, touch)
         for t in range(m):
             r = rows[b + t]
             ref = key_refs[r]
