@@ -64,7 +64,7 @@ def test_phase1_remount_grants_one_recovery_lease_to_all_associated_objects(cloc
         m.remove("k3")
 
 
-def test_phase1_object_with_another_readable_replica_is_still_refreshed(clocks):
+def test_phase1_object_with_another_readable_replica_is_still_refreshed_and_later_remount_extends(clocks):
     m = promoted(clocks, objects=[("two", 2, {})])
     m.remount_segments("client1", [seg_dict(1)])
     first = m.object_info("two").lease_deadline_ns
@@ -110,7 +110,7 @@ def test_phase1_failed_remount_publishes_nothing_and_can_be_retried(clocks, step
     assert m.get_replica_list("a")[0].address == (12345 << 20) + offset  # the client's new base
 
 
-def test_phase1_multi_segment_remount_publishes_all_or_none(clocks):
+def test_phase1_multi_segment_remount_publishes_all_or_none_and_counts_each_object_once(clocks):
     m = promoted(clocks, objects=[("two", 2, {})])
     m.segments.info[1] = m.segments.info[1].__class__(**{**m.segments.info[1].__dict__, "client": "client0"})
     calls = []
@@ -187,3 +187,10 @@ def test_promoted_master_does_not_allocate_on_unremounted_segments(clocks):
     m.remount_segments("client0", [seg_dict(0)])
     m.put_start("other", 4096, client_id="client9")
     assert [r.segment for r in m.object_info("other").replicas] == ["seg0"]
+
+
+def test_phase1_remount_benchmark_reports_refresh_and_visible_window():
+    from mooncake_columnar.bench import bench_remount
+    r = bench_remount(20_000, segments=1)
+    assert r["matched_objects"] == 20_000 and r["recovery_ttl_ms"] == LEASE_MS
+    assert 0 < r["visible_ttl_ms"] <= LEASE_MS and r["refresh_seconds"] > 0 and r["baseline_copy_seconds"] > 0
