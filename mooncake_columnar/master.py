@@ -35,6 +35,7 @@ from .schema import (
     ReplicaStatus,
     SoftPinAction,
 )
+from .service_discard import DiscardMixin
 from .service_offload import OffloadMixin
 from .service_segments import SegmentsMixin
 from .service_views import ViewsMixin
@@ -57,7 +58,7 @@ from .validation import (
 )
 
 
-class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
+class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
     """Object metadata of a Mooncake Store master, as columns."""
 
     def __init__(self, config: MasterConfig | None = None, *, clocks: Clocks | None = None,
@@ -179,17 +180,6 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
         freed = self._drop_slots(rows[r_idx], slot)
         self._erase_rows(rows[(o.replica_status[rows] == 0).all(axis=1)])
         return int(rows.size), freed, queued
-
-    def _discard_expired_puts(self, now_ms: int) -> None:
-        """Upstream DiscardExpiredProcessingReplicas: puts older than the release timeout lose
-        their PROCESSING replicas (space released once due) and the object."""
-        o = self.objects
-        slots = np.flatnonzero(self.inflight.in_use)
-        late = slots[self.inflight.put_start_time_ms[slots] + self.config.put_start_release_timeout_s * 1000
-                     < now_ms]
-        if late.size:
-            rows = np.flatnonzero(np.isin(o.inflight[: o.high_water], late)).astype(np.int64)
-            self._discard_puts(rows[(o.replica_status[rows] != _COMPLETE).all(axis=1)], now_ms)
 
     # ================================================================================ puts
     def _resolve_put_config(self, config: ReplicateConfig) -> tuple[int, int, int]:
@@ -402,40 +392,6 @@ class MasterService(SegmentsMixin, OffloadMixin, ViewsMixin):
         if not (o.flags[row] & FLAG_PROCESSING) or (st[in_use] != int(ST_PROCESSING)).any():
             _raise_code(ErrorCode.INVALID_WRITE, f"put_revoke {key!r}: not an in-progress put")
         self._erase_rows(np.array([row], np.int64))
-
-    def _discard_puts(self, rows: np.ndarray, now_ms: int) -> None:
-        """Abandoned puts: PROCESSING replicas keep their space until put_start + release timeout."""
-        if rows.size == 0:
-            return
-        o = self.objects
-        self._charge(rows, -1)
-        st = o.replica_status[rows]
-        r_idx, slot = np.nonzero((st == int(ST_PROCESSING)) & (o.replica_kind[rows] == int(KIND_MEMORY)))
-        held = rows[r_idx]
-        release = self._put_start_time_ms(held) + self.config.put_start_release_timeout_s * 1000
-        self._discarded_seg = np.concatenate((self._discarded_seg, o.replica_segment[held, slot].astype(np.int64)))
-        self._discarded_off = np.concatenate((self._discarded_off, o.replica_offset[held, slot]))
-        self._discarded_size = np.concatenate((self._discarded_size, o.size_bytes[held]))
-        self._discarded_release_ms = np.concatenate((self._discarded_release_ms, release))
-        o.replica_status[held, slot] = int(ReplicaStatus.UNDEFINED)  # not freed by the erase below
-        self._erase_rows(rows, charged=False)
-
-    def _release_discarded(self, now_ms: int) -> int:
-        """Free discarded replicas whose release time came; returns how many were released."""
-        due = self._discarded_release_ms <= now_ms
-        if not due.any():
-            return 0
-        seg = self.segments
-        ak.free_extent_list(self._discarded_seg[due], self._discarded_off[due], self._discarded_size[due],
-                            seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
-        self._drop_discarded(~due)
-        return int(due.sum())
-
-    def _drop_discarded(self, keep: np.ndarray) -> None:
-        self._discarded_seg = self._discarded_seg[keep]
-        self._discarded_off = self._discarded_off[keep]
-        self._discarded_size = self._discarded_size[keep]
-        self._discarded_release_ms = self._discarded_release_ms[keep]
 
     # ================================================================================ reads
     @_locked

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_master
 from mooncake_columnar import MasterConfig, MasterService, ReplicateConfig
 from mooncake_columnar.errors import MooncakeError, ObjectNotFound
 from mooncake_columnar.ha.apply import apply_entries
