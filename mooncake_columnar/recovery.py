@@ -50,6 +50,27 @@ class RecoveryFault(RuntimeError):
     """Raised by an injected fault hook (tests) to fail a remount at a named step."""
 
 
+def _rebuild_one(m: "MasterService", mask: np.ndarray, on: np.ndarray, code: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(free starts, free lengths, used bytes) of segment ``code`` from its occupied extents; a
+    streaming pass when replicas lie in offset order, else gather + sort. Raises ValueError on
+    an overlap or an extent beyond the capacity."""
+    o, seg = m.objects, m.segments
+    capacity = int(seg.capacity[code])
+    status, starts, lengths, used = ok.free_extents_of_segment(
+        mask, code, capacity, o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset)
+    if status == ok.REBUILD_OK:
+        return starts, lengths, int(used)
+    if status == ok.REBUILD_UNSORTED:
+        only = np.zeros_like(on)
+        only[code] = True
+        _, offs, sizes = ok.segment_extents(mask, only, o.size_bytes, o.replica_status, o.replica_kind,
+                                            o.replica_segment, o.replica_offset)
+        starts, lengths = ak.free_extents_from_occupied(capacity, offs, sizes)
+        return starts, lengths, int(sizes.sum())
+    what = "overlap" if status == ok.REBUILD_OVERLAP else "lie outside the segment capacity"
+    raise ValueError(f"segment {seg.info[code].name!r}: replica extents {what}")
+
+
 @dataclass(frozen=True)
 class _Recovered:
     mask: np.ndarray
@@ -78,17 +99,9 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
 
     step("rebuild_allocators")
     t_rebuild = time.perf_counter()
-    segs, offs, sizes = ok.segment_extents(mask, on, o.size_bytes, o.replica_status, o.replica_kind,
-                                           o.replica_segment, o.replica_offset)
     rebuilt = {}
-    by_seg = np.argsort(segs, kind="stable") if len(codes) > 1 else np.arange(segs.size)
-    for code, req in segments:
-        lo, hi = np.searchsorted(segs[by_seg], [code, code + 1]) if len(codes) > 1 else (0, segs.size)
-        sel = by_seg[lo:hi]
-        # raises ValueError on overlap or an extent beyond the capacity: nothing installed yet
-        starts, lengths = ak.free_extents_from_occupied(int(seg.capacity[code]), offs[sel], sizes[sel])
-        rebuilt[code] = (starts, lengths, int(sizes[sel].sum()))
-
+    for code, _ in segments:  # nothing is installed until every segment rebuilt cleanly
+        rebuilt[code] = _rebuild_one(m, mask, on, code)
     rebuild_s = time.perf_counter() - t_rebuild
     saved = {c: (seg.extent_starts[c], seg.extent_lengths[c], int(seg.extent_counts[c]), int(seg.used[c]),
                  seg.info[c]) for c in codes}

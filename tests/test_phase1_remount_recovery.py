@@ -194,3 +194,15 @@ def test_phase1_remount_benchmark_reports_refresh_and_visible_window():
     r = bench_remount(20_000, segments=1)
     assert r["matched_objects"] == 20_000 and r["recovery_ttl_ms"] == LEASE_MS
     assert 0 < r["visible_ttl_ms"] <= LEASE_MS and r["refresh_seconds"] > 0 and r["baseline_copy_seconds"] > 0
+
+
+def test_remount_rebuilds_allocator_when_replicas_are_not_in_offset_order(clocks):
+    m = promoted(clocks, segments=1, objects=[("a", 1, {}), ("b", 1, {}), ("c", 1, {})])
+    o = m.objects
+    r0, r1 = m.objects.live_rows()[:2]
+    o.replica_offset[r0, 0], o.replica_offset[r1, 0] = o.replica_offset[r1, 0], o.replica_offset[r0, 0]
+    m.remount_segments("client0", [seg_dict(0)])
+    assert m.segment_usage()["seg0"] == (3 * 4096, 64 * MB)
+    m.put_start("d", 4096, client_id="client0")  # lands after the three, no overlap
+    offsets = sorted(int(x) for x in o.replica_offset[o.live_rows(), 0])
+    assert offsets == [0, 4096, 8192, 12288]

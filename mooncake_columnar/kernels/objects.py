@@ -381,3 +381,54 @@ def segment_extents(mask, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_
                     lens[k] = sizes[r]
                     k += 1
     return segs, offs, lens
+
+
+REBUILD_OK, REBUILD_UNSORTED, REBUILD_OVERLAP, REBUILD_OUT_OF_RANGE = 0, 1, 2, 3
+
+
+@njit(cache=True, nogil=True)
+def free_extents_of_segment(mask, code, capacity, sizes, rep_status, rep_kind, rep_seg, rep_off):
+    """Streaming allocator rebuild for one segment: walk the masked objects' replicas on ``code``
+    in row order and emit the gaps as free extents, without gathering the occupied extents.
+
+    Returns (status, starts, lengths, used). Rows are usually in offset order (bulk loads and
+    restores allocate in row order); REBUILD_UNSORTED tells the caller to gather and sort.
+    """
+    n = 0
+    for r in range(mask.shape[0]):
+        if mask[r]:
+            for j in range(rep_status.shape[1]):
+                if slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and rep_seg[r, j] == code:
+                    n += 1
+    starts = np.empty(n + 1, np.int64)
+    lengths = np.empty(n + 1, np.int64)
+    k = 0
+    cursor = 0          # end of the previous occupied extent
+    last_start = -1
+    used = 0
+    for r in range(mask.shape[0]):
+        if not mask[r]:
+            continue
+        for j in range(rep_status.shape[1]):
+            if not (slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and rep_seg[r, j] == code):
+                continue
+            off = rep_off[r, j]
+            size = sizes[r]
+            if off < last_start:
+                return REBUILD_UNSORTED, starts[:0], lengths[:0], 0
+            if off < 0 or size <= 0 or off + size > capacity:
+                return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
+            if off < cursor:
+                return REBUILD_OVERLAP, starts[:0], lengths[:0], 0
+            if off > cursor:
+                starts[k] = cursor
+                lengths[k] = off - cursor
+                k += 1
+            cursor = off + size
+            last_start = off
+            used += size
+    if capacity > cursor:
+        starts[k] = cursor
+        lengths[k] = capacity - cursor
+        k += 1
+    return REBUILD_OK, starts[:k], lengths[:k], used
