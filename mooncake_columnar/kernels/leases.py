@@ -59,16 +59,17 @@ def grant_read_lease(row, now, ttl_ns, lease, flags, group_next):
 def grant_until_masked(deadlines, mask, deadline):
     """Masked max-update of many rows to one deadline (remount recovery, batch reads)."""
     for i in range(deadlines.shape[0]):
-        if mask[i] and deadline > deadlines[i]:
-            deadlines[i] = deadline
+        keep = deadlines[i]  # select form (always store): branch-free, vectorizes
+        deadlines[i] = deadline if mask[i] and deadline > keep else keep
 
 
 @njit(cache=True, nogil=True)
 def grant_soft_pin_masked(soft_deadlines, flags, mask, deadline):
     """Remount: SOFT_PIN_ENABLED objects in ``mask`` get the full soft-pin TTL (max-update)."""
     for i in range(soft_deadlines.shape[0]):
-        if mask[i] and is_soft_pin_enabled(flags[i]) and deadline > soft_deadlines[i]:
-            soft_deadlines[i] = deadline
+        keep = soft_deadlines[i]  # select form (always store): branch-free, vectorizes
+        take = mask[i] and is_soft_pin_enabled(flags[i]) and deadline > keep
+        soft_deadlines[i] = deadline if take else keep
 
 
 @njit(cache=True)
