@@ -20,3 +20,16 @@ def test_from_state_rejects_duplicate_keys(clocks):
     with pytest.raises(SnapshotIntegrityError, match="duplicate"):
         MasterService.from_state(SnapshotState(objects, s.replicas, s.segments, s.replica_next_id),
                                  config=m.config, clocks=clocks)
+
+
+def test_from_state_rejects_overlapping_extents(clocks):
+    m = make_master(clocks)
+    for k in ("a", "b"):
+        m.put_start(k, 8, client_id="client0")
+        m.put_end(k, client_id="client0")
+    s = m.export_state()
+    reps = s.replicas.set_column(s.replicas.schema.get_field_index("offset"), s.replicas.schema.field("offset"),
+                                 pa.array([0, 4], pa.int64()))
+    with pytest.raises(ValueError, match="overlap"):
+        MasterService.from_state(SnapshotState(s.objects, reps, s.segments, s.replica_next_id),
+                                 config=m.config, clocks=clocks)

@@ -48,18 +48,20 @@ class SnapshotState:
     segments: pa.Table
     replica_next_id: int
 
-    def validate(self, *, check_unique_keys: bool = True) -> "SnapshotState":
+    def validate(self, *, check_unique_keys: bool = True, check_overlaps: bool | None = None) -> "SnapshotState":
         """Raise a typed error if the state is not internally consistent; return self.
 
-        ``check_unique_keys=False`` skips only the (tenant, key) uniqueness check, for states
-        exported by the engine (its key index already guarantees it).
+        ``check_unique_keys=False`` skips the (tenant, key) uniqueness check and, unless
+        ``check_overlaps`` says otherwise, the extent-overlap sort: both are what the engine
+        guarantees on export (key index, allocator) and checks again on load (index insert,
+        allocator rebuild), so a state on its way into or out of an engine skips them here.
         """
         check_table(self.objects, OBJECTS_ARROW_SCHEMA, "objects")
         check_table(self.replicas, REPLICAS_ARROW_SCHEMA, "replicas")
         check_table(self.segments, SEGMENTS_ARROW_SCHEMA, "segments")
         self._validate_objects(check_unique_keys)
         self._validate_segments()
-        self._validate_replicas()
+        self._validate_replicas(check_unique_keys if check_overlaps is None else check_overlaps)
         return self
 
     def _validate_objects(self, check_unique_keys: bool = True) -> None:
@@ -78,7 +80,7 @@ class SnapshotState:
                               or int(pc.min(segs.column("used")).as_py()) < 0):
             raise SnapshotIntegrityError("segments: negative size or used")
 
-    def _validate_replicas(self) -> None:
+    def _validate_replicas(self, check_overlaps: bool = True) -> None:
         reps, n_obj = self.replicas, self.objects.num_rows
         try:
             next_id = operator.index(self.replica_next_id)
@@ -97,9 +99,9 @@ class SnapshotState:
         offset, size = _np(reps, "offset"), _np(reps, "size")
         if reps.num_rows and (offset.min() < 0 or size.min() < 0):
             raise SnapshotIntegrityError("replicas: negative offset or size")
-        self._validate_memory_extents(offset, size)
+        self._validate_memory_extents(offset, size, check_overlaps)
 
-    def _validate_memory_extents(self, offset: np.ndarray, size: np.ndarray) -> None:
+    def _validate_memory_extents(self, offset: np.ndarray, size: np.ndarray, check_overlaps: bool = True) -> None:
         reps = self.replicas
         memory = _np(reps, "kind") == KIND_MEMORY
         if not memory.any():
@@ -117,6 +119,8 @@ class SnapshotState:
         capacity = _np(self.segments, "size")[seg]
         if (off > capacity - sz).any():  # off + sz > capacity, without overflowing
             raise SnapshotIntegrityError("replicas: memory extent beyond segment capacity")
+        if not check_overlaps:
+            return
         # REMOVED replicas no longer own their extent; every other memory replica does.
         held = _np(reps, "status")[memory] != ST_REMOVED
         seg, off, sz = seg[held], off[held], sz[held]
