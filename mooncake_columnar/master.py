@@ -97,6 +97,12 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self._discarded_size = np.empty(0, np.int64)
         self._discarded_release_ms = np.empty(0, np.int64)
 
+    def attach_journal(self, writer: "OpLogWriter") -> None:
+        """Start journaling every change to ``writer`` (a promoted standby becoming the primary:
+        its writer writes through the store handle that claimed the new producer view)."""
+        with self._lock:
+            self.journal = Journal(writer)
+
     # ---- derived config ---------------------------------------------------------------------
     @property
     def lease_ttl_ns(self) -> int:

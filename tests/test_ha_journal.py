@@ -101,3 +101,24 @@ def test_standby_applying_the_log_matches_the_primary_without_deadlines(clocks, 
     want = m.to_arrow().drop_columns(drop).sort_by([("tenant", "ascending"), ("key", "ascending")])
     got = standby.to_arrow().drop_columns(drop).sort_by([("tenant", "ascending"), ("key", "ascending")])
     assert got.equals(want)
+
+
+def test_promoted_standby_becomes_a_journaling_primary_that_a_new_standby_follows(clocks, store):
+    from mooncake_columnar.ha.standby import StandbyService
+    m, writer = journaled(clocks, store)
+    for i in range(5):
+        put(m, f"k{i}")
+    writer.flush()
+    standby = StandbyService(store, config=m.config, clocks=clocks)
+    standby.bootstrap()
+    new = standby.promote(timeout_s=1.0, journal_window=1024)
+    new.remount_segments("client0", [dict(name="seg0", endpoint="10.0.0.0:1234", client="client0",
+                                          base=1 << 32, size=64 << 20)])
+    put(new, "after-failover")
+    new.remove("k0", force=True)
+    new.journal.writer.flush()
+    follower = StandbyService(store, config=m.config, clocks=clocks)
+    follower.bootstrap()
+    follower.poll()
+    keys = set(follower.master.to_arrow().column("key").to_pylist())
+    assert keys == {"k1", "k2", "k3", "k4", "after-failover"}

@@ -57,6 +57,7 @@ from ..snapshots.standby import (
 from ..snapshots.state import SnapshotState, with_usage
 from .apply import STANDBY_SEGMENT_BASE, apply_entries
 from .oplog import OpLogEntry
+from .writer import OpLogWriter
 from .stores import OpLogStore
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,7 @@ class StandbyService:
             self._sleep(poll_interval_s)
 
     def promote(self, timeout_s: float, clocks: Clocks | None = None, *, view: int | None = None,
-                poll_interval_s: float = 0.05) -> MasterService:
+                poll_interval_s: float = 0.05, journal_window: int | None = None) -> MasterService:
         """Final catch-up, fence the old producer, verify, and return the new serving master.
 
         ``view``: the producer view to claim (the etcd leader's view_version); default: one
@@ -312,6 +313,8 @@ class StandbyService:
             promoted = MasterService.from_state(state, config=self.config, clocks=clocks, segments_readable=False)
             self._promoted = True
             self.producer_view = claim
+        if journal_window is not None:  # the new primary journals through the fenced handle
+            promoted.attach_journal(OpLogWriter(self.store, window=journal_window, clocks=clocks))
         self.metrics.inc("standby_promotions")
         log.info("standby promoted at sequence %d with producer view %d (%d objects, every segment "
                  "unreadable until remount)", durable, claim, state.objects.num_rows)
