@@ -160,6 +160,8 @@ class StandbyService:
         self._failed: BaseException | None = None
         self._promoted = False
         self.producer_view = 0  # the view claimed at promotion
+        self._follower: threading.Thread | None = None
+        self._stop_following = threading.Event()
 
     @property
     def master(self) -> MasterService:
@@ -267,6 +269,34 @@ class StandbyService:
             removed = self.store.compact_through(snap.last_sequence_id)
             self.metrics.inc("standby_compacted_batches", removed)
         return sid
+
+    def start(self, interval_s: float = 0.05) -> None:
+        """Follow the log on a background thread: poll() every ``interval_s`` until stop().
+        A retryable store error is retried on the next round; any other error stops following
+        (the standby is then failed closed, as poll() leaves it)."""
+        if self._follower is not None:
+            return
+        self._stop_following.clear()
+
+        def follow() -> None:
+            while not self._stop_following.wait(interval_s):
+                try:
+                    self.poll()
+                except OpLogStoreUnavailable:
+                    continue
+                except Exception:
+                    log.exception("standby stopped following the oplog")
+                    return
+
+        self._follower = threading.Thread(target=follow, name="mooncake-standby-follow", daemon=True)
+        self._follower.start()
+
+    def stop(self) -> None:
+        if self._follower is None:
+            return
+        self._stop_following.set()
+        self._follower.join()
+        self._follower = None
 
     # ---- promotion -----------------------------------------------------------------------------------
     def _catch_up(self, clocks: Clocks, timeout_ns: int, poll_interval_s: float) -> None:
