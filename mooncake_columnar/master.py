@@ -480,7 +480,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         o = self.objects
         if rows.size == 0:
             return 0
-        touched = np.unique(rows)
+        touched = np.unique(rows) if self._ledger_on else rows[:0]  # only the ledger needs them
         self._charge(touched, -1)
         segs = o.replica_segment[rows, slots].astype(np.int64)
         mem = (o.replica_kind[rows, slots] == int(KIND_MEMORY)) & (segs >= 0)

@@ -131,7 +131,10 @@ def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, s
     segment instead of one array insertion per extent). Returns how many were rejected."""
     if segs.size == 0:
         return 0
-    order = np.lexsort((offsets, segs))
+    if offsets.size and int(offsets.max()) < (1 << 47) and int(segs.max()) < (1 << 15):
+        order = np.argsort((segs.astype(np.int64) << 47) | offsets)  # one int64 key: faster than lexsort
+    else:
+        order = np.lexsort((offsets, segs))
     return int(_free_sorted(np.ascontiguousarray(segs[order], np.int64), np.ascontiguousarray(offsets[order], np.int64),
                             np.ascontiguousarray(sizes[order], np.int64), starts, lengths, counts, used))
 
