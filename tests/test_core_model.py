@@ -208,5 +208,5 @@ class EngineVsModel(RuleBasedStateMachine):
         assert self.m.segment_usage() == self.ref.usage()
 
 
-EngineVsModel.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+EngineVsModel.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 test_engine_matches_reference_model = EngineVsModel.TestCase
