@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
 
-from .clock import NS_PER_S
+from .clock import NS_PER_S, MonotonicClocks
 from .schema import NEVER_LEASED
 
 EXIT_OK, EXIT_BAD_SNAPSHOT, EXIT_USAGE = 0, 1, 2
@@ -197,7 +196,7 @@ def _print_inspect(info: dict[str, Any]) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     repo = _open_repo(args)
     snapshot_id = _pick(repo, args.snapshot_id)
-    at = time.time_ns() if args.at_system_ns is None else args.at_system_ns
+    at = MonotonicClocks().system_ns() if args.at_system_ns is None else args.at_system_ns
     try:
         info = _inspect(repo, snapshot_id, at)
     except Exception as e:
@@ -230,7 +229,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise _UsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
     if not ids:
         raise _UsageError(f"no snapshots to verify under {repo.base}")
-    at = time.time_ns() if args.at_system_ns is None else args.at_system_ns
+    at = MonotonicClocks().system_ns() if args.at_system_ns is None else args.at_system_ns
     results = []
     for sid in ids:
         try:

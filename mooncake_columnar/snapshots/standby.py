@@ -32,7 +32,6 @@ from ..errors import (
     SnapshotError,
     SnapshotIntegrityError,
     SnapshotPayloadError,
-    SnapshotSchemaError,
 )
 from .arrow_codec import (
     DIGEST_FILE,
@@ -46,6 +45,7 @@ from .arrow_codec import (
 from .manager import _id_ms
 from .manifest import is_valid_snapshot_id, snapshot_id_for
 from .repository import SnapshotRepository
+from .state import check_table
 
 STANDBY_SNAPSHOT_TAG = "standby-arrow-ipc"
 STANDBY_SNAPSHOT_VERSION = "mooncake-columnar-standby-snapshot/1"
@@ -101,7 +101,7 @@ class StandbySnapshot:
         for table, schema, name in ((self.objects, STANDBY_OBJECTS_SCHEMA, OBJECTS_FILE),
                                     (self.replicas, STANDBY_REPLICAS_SCHEMA, REPLICAS_FILE),
                                     (self.segments, STANDBY_SEGMENTS_SCHEMA, SEGMENTS_FILE)):
-            _check_schema(table, schema, name)
+            check_table(table, schema, name)
         if type(self.last_sequence_id) is not int or not 0 <= self.last_sequence_id <= _SEQ_MAX:
             raise SnapshotIntegrityError(f"last_sequence_id {self.last_sequence_id!r} is not in [0, 2**63)")
         n = self.objects.num_rows
@@ -115,16 +115,6 @@ class StandbySnapshot:
         # Deeper checks (unique keys, extents inside capacity, no overlap) run when the state is
         # loaded into a MasterService: SnapshotState.validate and the key index own them.
         return self
-
-
-def _check_schema(table: pa.Table, schema: pa.Schema, name: str) -> None:
-    if not isinstance(table, pa.Table):
-        raise SnapshotSchemaError(f"{name}: expected a pyarrow.Table, got {type(table).__name__}")
-    if not table.schema.equals(schema, check_metadata=False):
-        raise SnapshotSchemaError(f"{name}: schema mismatch:\n{table.schema}\nexpected:\n{schema}")
-    for field, column in zip(table.schema, table.columns):
-        if column.null_count:
-            raise SnapshotSchemaError(f"{name}.{field.name}: {column.null_count} nulls")
 
 
 # --- payloads ------------------------------------------------------------------------------------
