@@ -19,7 +19,8 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest
 
 bench: $(VENV)/.installed
-	$(BIN)/asv run --python=same --quick
+	$(BIN)/asv machine --yes
+	$(BIN)/asv run --python=same --quick --show-stderr
 
 clean:
 	rm -rf $(VENV) .hypothesis .pytest_cache
