@@ -85,22 +85,6 @@ def home_slot(h, mask):
 
 
 @njit(cache=True)
-def find_row(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
-    """Row of (tenant, key) or -1."""
-    mask = table.shape[0] - 1
-    i = home_slot(h, mask)
-    while True:
-        v = table[i]
-        if v == EMPTY_SLOT:
-            return -1
-        if v >= 0 and _same_tag(v, h):
-            r = v & _ROW_MASK
-            if row_tenant[r] == tenant and _key_equals(arena, key_refs[r], data, start, length):
-                return r
-        i = (i + 1) & mask
-
-
-@njit(cache=True)
 def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
     """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take)."""
     mask = table.shape[0] - 1
@@ -114,6 +98,12 @@ def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, 
             if row_tenant[r] == tenant and _key_equals(arena, key_refs[r], data, start, length):
                 return r, -1
         i = (i + 1) & mask
+
+
+@njit(cache=True)
+def find_row(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
+    """Row of (tenant, key) or -1."""
+    return find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h)[0]
 
 
 @njit(inline="always", cache=True)

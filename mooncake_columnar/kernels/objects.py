@@ -34,6 +34,19 @@ _ST_PROC = int(ST_PROCESSING)
 _ST_DONE = int(ST_COMPLETE)
 
 
+@njit(inline="always", cache=True)
+def _try_place(s, size, placed, tried, used, starts, lengths, counts, out_seg, out_off):
+    """Try segment ``s`` once for this put; returns the new number of placed replicas."""
+    tried[s] = True
+    off = ak.alloc_first_fit(starts, lengths, counts, s, size)
+    if off < 0:
+        return placed
+    used[s] += size
+    out_seg[placed] = s
+    out_off[placed] = off
+    return placed + 1
+
+
 @njit(cache=True)
 def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts, lengths, counts,
                tried, out_seg, out_off):
@@ -45,15 +58,8 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts
         s = preferred[p]
         if placed == replica_num:
             break
-        if s < 0 or tried[s] or not allocatable[s]:
-            continue
-        tried[s] = True
-        off = ak.alloc_first_fit(starts, lengths, counts, s, size)
-        if off >= 0:
-            used[s] += size
-            out_seg[placed] = s
-            out_off[placed] = off
-            placed += 1
+        if s >= 0 and not tried[s] and allocatable[s]:
+            placed = _try_place(s, size, placed, tried, used, starts, lengths, counts, out_seg, out_off)
     while placed < replica_num:
         best = -1
         best_free = -1
@@ -65,13 +71,7 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts
                     best_free = free
         if best < 0:
             break
-        tried[best] = True
-        off = ak.alloc_first_fit(starts, lengths, counts, best, size)
-        if off >= 0:
-            used[best] += size
-            out_seg[placed] = best
-            out_off[placed] = off
-            placed += 1
+        placed = _try_place(best, size, placed, tried, used, starts, lengths, counts, out_seg, out_off)
     return placed
 
 
