@@ -130,7 +130,8 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
     }
 
 
-from .bench_snapshot import bench_snapshot  # noqa: E402 (it imports build_master lazily)
+from .bench_oplog import bench_oplog  # noqa: E402 (both import from this module lazily)
+from .bench_snapshot import bench_snapshot  # noqa: E402
 
 def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: float = 0.05,
                 show_progress: bool = False) -> dict:
@@ -207,62 +208,6 @@ def bench_remount(objects: int, *, segments: int = 1, replicas: int = 1, show_pr
         "ratio_to_baseline": match_assign / copy_s,
         "peak_rss_bytes": peak_rss_bytes(),
     }
-
-
-def bench_oplog(objects: int, *, segments: int = 4, replicas: int = 1, show_progress: bool = False) -> dict:
-    """A journaled primary writes N PUT_ENDs to a FileOpLogStore (group commit); a standby applies
-    them. Baseline: msgpack round trip of the same entries as plain dicts."""
-    import tempfile
-
-    import msgpack
-
-    from .ha.apply import apply_entries
-    from .ha.stores import FileOpLogStore
-    from .ha.writer import OpLogWriter
-    with tempfile.TemporaryDirectory() as tmp:
-        clocks = ManualClocks()
-        store = FileOpLogStore(f"{tmp}/oplog")
-        writer = OpLogWriter(store, window=objects + 1024, max_batch_entries=4096, clocks=clocks)
-        primary = MasterService(MasterConfig(), clocks=clocks, journal=writer, initial_capacity=objects)
-        mount_segments(primary, segments, max(1 << 20, objects * 4096 * replicas // segments * 2))
-        keys = synthetic_keys(0, objects)
-        sizes = np.full(objects, 4096, np.int64)
-        primary.batch_put_start(keys, sizes, client_id="client-0")
-        t0 = time.perf_counter()
-        primary.batch_put_end(keys, client_id="client-0")   # builds the PUT_END entries
-        writer.flush()                                       # group commit to fsynced files
-        write_s = time.perf_counter() - t0
-        batches = store.read_batches(0)
-        entries = [e for b in batches for e in b.entries]
-        standby = MasterService(MasterConfig(), clocks=clocks, initial_capacity=objects)
-        t0 = time.perf_counter()
-        apply_entries(standby, entries)
-        apply_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        read_again = [e for b in store.read_batches(0) for e in b.entries]
-        decode_s = time.perf_counter() - t0
-        plain = [{"op": int(e.op), "tenant": e.tenant, "key": e.key, "size": e.payload.size}
-                 for e in read_again if e.payload is not None and hasattr(e.payload, "size")]
-        t0 = time.perf_counter()
-        msgpack.unpackb(msgpack.packb(plain))
-        baseline_s = time.perf_counter() - t0
-        n = len(entries)
-        return {
-            "area": "oplog",
-            "objects": objects,
-            "entries": n,
-            "write_seconds": write_s,
-            "writer_entries_per_s": n / write_s,
-            "read_decode_seconds": decode_s,
-            "read_decode_entries_per_s": n / decode_s,
-            "apply_seconds": apply_s,
-            "apply_entries_per_s": n / apply_s,
-            "baseline_msgpack_seconds": baseline_s,
-            "baseline_msgpack_entries_per_s": len(plain) / baseline_s,
-            "write_ratio_to_baseline": write_s / baseline_s,
-            "standby_objects": standby.object_count(),
-            "peak_rss_bytes": peak_rss_bytes(),
-        }
 
 
 AREAS: dict[str, Callable[..., dict]] = {"core": bench_core, "evict": bench_evict, "remount": bench_remount,
