@@ -1,7 +1,9 @@
-"""OpLog entry model and batch codec: round trips, strict decoding, the RFC's no-lease wire rule."""
+"""OpLog entry model and columnar batch codec: round trips, slicing/concatenation, strict
+vectorized decoding (typed errors naming the column), the RFC's no-lease wire rule."""
 from __future__ import annotations
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from mooncake_columnar.ha import oplog
 from mooncake_columnar.ha.oplog import (
     STANDBY_WIRE_VERSION,
     OpLogBatch,
+    OpLogColumns,
     OpLogEntry,
     OpLogOp,
     OpType,
@@ -57,27 +60,43 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 def sample_batch(first: int = 7) -> OpLogBatch:
     ep = "10.0.0.1:1"
     rep = ReplicaDescriptor(11, ReplicaKind.MEMORY, "seg-a", 4096, 100, ReplicaStatus.COMPLETE, ep)
+    disk = ReplicaDescriptor(12, ReplicaKind.DISK, "", 0, 100, ReplicaStatus.COMPLETE, "")
     put = PutEndPayload("c1", 100, (rep,), ObjectDataType.KVCACHE, "g1", hard_pinned=True, soft_pin_enabled=True)
+    put2 = PutEndPayload("c2", 100, (rep, disk), ObjectDataType.UNKNOWN, "")
     return OpLogBatch(first, (
         OpLogEntry(first, OpType.SEGMENT_MOUNT, "default", ep, SegmentPayload("seg-a", ep, 1 << 30, "c1")),
         OpLogEntry(first + 1, OpType.PUT_END, "default", "k1", put),
         OpLogEntry(first + 2, OpType.REMOVE, "t2", "k2"),
-        OpLogEntry(first + 3, OpType.SEGMENT_UNMOUNT, "default", ep, SegmentPayload("seg-a", ep, 0, "c1")),
+        OpLogEntry(first + 3, OpType.PUT_END, "t2", "k3", put2),
+        OpLogEntry(first + 4, OpType.SEGMENT_UNMOUNT, "default", ep, SegmentPayload("seg-a", ep, 0, "c1")),
     ))
 
 
-def wire_maps(batch: OpLogBatch) -> tuple[dict, list]:
+def wire_maps(batch: OpLogBatch) -> tuple[dict, dict]:
     top = msgpack.unpackb(encode_batch(batch), raw=False)
-    return top, msgpack.unpackb(top["entries"], raw=False)
+    return top, msgpack.unpackb(top["columns"], raw=False)
 
 
-def reencode(top: dict, entries: list, *, fix_checksum: bool = True) -> bytes:
+def reencode(top: dict, columns: dict, *, fix_checksum: bool = True) -> bytes:
     """Re-pack (possibly tampered) wire maps, recomputing a valid checksum unless told not to."""
     top = dict(top)
-    top["entries"] = msgpack.packb(entries, use_bin_type=True)
+    top["columns"] = msgpack.packb(columns, use_bin_type=True)
     if fix_checksum:
-        top["checksum"] = oplog._checksum(top["first_sequence_id"], top["count"], top["entries"])
+        top["checksum"] = oplog._checksum(top["first_sequence_id"], top["count"], top["columns"])
     return msgpack.packb(top, use_bin_type=True)
+
+
+def column(columns: dict, name: str, dtype: str) -> np.ndarray:
+    return np.frombuffer(columns[name], dtype).copy()
+
+
+def set_value(columns: dict, name: str, dtype: str, index: int, value: int) -> None:
+    a = column(columns, name, dtype)
+    a[index] = value
+    columns[name] = a.tobytes()
+
+
+# --- round trips ---------------------------------------------------------------------------------
 
 
 @FAST
@@ -87,7 +106,31 @@ def test_round_trip(batch: OpLogBatch) -> None:
     back = decode_batch(data)
     assert back == batch
     assert back.checksum == batch.checksum
+    assert back.entries == batch.entries
     assert encode_batch(back) == data
+
+
+@FAST
+@given(st.lists(st.lists(ops, min_size=1, max_size=5), min_size=1, max_size=4), st.data())
+def test_random_columnar_batches_round_trip_through_concat_and_slice(bodies: list, data: st.DataObject) -> None:
+    """Columns built per body, concatenated and sliced as the writer does, then encoded and
+    decoded, hold exactly the ops of the same slice of the plain list."""
+    flat = [o for body in bodies for o in body]
+    joined = OpLogColumns.concat([OpLogColumns.from_ops(body) for body in bodies])
+    start = data.draw(st.integers(0, len(flat) - 1))
+    stop = data.draw(st.integers(start + 1, len(flat)))
+    part = OpLogColumns.concat([joined.slice(start, stop)])
+    assert part.ops() == flat[start:stop]
+    # the compacted table holds each used string once
+    names = part.strings.to_pylist()
+    assert len(names) == len(set(names))
+    first = data.draw(st.integers(1, 2**40))
+    batch = OpLogBatch(first, part)
+    back = decode_batch(encode_batch(batch))
+    assert back == batch
+    assert [(e.op, e.tenant, e.key, e.payload) for e in back.entries] == [
+        (o.op, o.tenant, o.key, o.payload) for o in flat[start:stop]]
+    assert list(back.sequence_ids) == list(range(first, first + stop - start))
 
 
 @FAST
@@ -109,120 +152,52 @@ def test_truncation_is_detected(batch: OpLogBatch, data: st.DataObject) -> None:
         decode_batch(raw[:cut])
 
 
+# --- the envelope --------------------------------------------------------------------------------
+
+
 def test_wire_version_is_the_standby_ones() -> None:
     assert STANDBY_WIRE_VERSION not in ("1.0.0", "2.0.0")
     top, _ = wire_maps(sample_batch())
-    assert top["version"] == STANDBY_WIRE_VERSION
+    assert top["version"] == STANDBY_WIRE_VERSION == "mooncake-columnar-standby/2"
 
 
-@pytest.mark.parametrize("version", ["1.0.0", "2.0.0", "mooncake-columnar-standby/2", 1])
+@pytest.mark.parametrize("version", ["1.0.0", "2.0.0", "mooncake-columnar-standby/1", 1])
 def test_wrong_version_rejected(version: object) -> None:
-    top, entries = wire_maps(sample_batch())
+    top, columns = wire_maps(sample_batch())
     top["version"] = version
     with pytest.raises(OpLogCorrupt) as ei:
-        decode_batch(reencode(top, entries))
+        decode_batch(reencode(top, columns))
     assert ei.value.field == "batch.version"
 
 
 def test_bad_checksum_rejected() -> None:
-    top, entries = wire_maps(sample_batch())
-    entries[2]["key"] = "k3"
+    top, columns = wire_maps(sample_batch())
+    columns["key_bytes"] = columns["key_bytes"].replace(b"k2", b"k4")
     with pytest.raises(OpLogChecksumError, match="batch.checksum"):
-        decode_batch(reencode(top, entries, fix_checksum=False))
+        decode_batch(reencode(top, columns, fix_checksum=False))
 
 
 def test_relabelled_batch_fails_checksum() -> None:
-    # Moving a batch to another position (first id) is caught even though the entries are intact.
-    top, entries = wire_maps(sample_batch())
+    # Moving a batch to another position (first id) is caught even though the columns are intact.
+    top, columns = wire_maps(sample_batch())
     top["first_sequence_id"] += 1
     with pytest.raises(OpLogChecksumError):
-        decode_batch(reencode(top, entries, fix_checksum=False))
-
-
-def test_non_contiguous_ids_rejected() -> None:
-    top, entries = wire_maps(sample_batch(first=7))
-    entries[2]["seq"] = 10
-    with pytest.raises(OpLogCorrupt, match="non-contiguous") as ei:
-        decode_batch(reencode(top, entries))
-    assert ei.value.field == "batch.entries[2].seq"
+        decode_batch(reencode(top, columns, fix_checksum=False))
 
 
 def test_count_mismatch_rejected() -> None:
-    top, entries = wire_maps(sample_batch())
-    top["count"] = 5
-    with pytest.raises(OpLogCorrupt) as ei:
-        decode_batch(reencode(top, entries))
-    assert ei.value.field == "batch.entries"
-
-
-@pytest.mark.parametrize("op", [0, 2, 4, 7, 99])  # PUT_REVOKE, LEASE_RENEW, SEGMENT_UPDATE are never logged
-def test_unknown_op_rejected(op: int) -> None:
-    top, entries = wire_maps(sample_batch())
-    entries[2]["op"] = op
-    with pytest.raises(OpLogCorrupt, match="not a OpType") as ei:
-        decode_batch(reencode(top, entries))
-    assert ei.value.field == "batch.entries[2].op"
-
-
-def _at(entries: list, path: tuple) -> object:
-    for step in path:
-        entries = entries[step]
-    return entries
-
-
-@pytest.mark.parametrize("path, value, message, field", [
-    ((1, "payload", "size"), True, "expected an integer, got bool", "batch.entries[1].payload.size"),
-    ((1, "payload", "size"), -1, "outside", "batch.entries[1].payload.size"),
-    ((1, "payload", "client"), 5, "expected a string", "batch.entries[1].payload.client"),
-    ((1, "payload", "hard_pinned"), 1, "expected a bool", "batch.entries[1].payload.hard_pinned"),
-    ((1, "payload", "replicas", 0, "kind"), 17, "not a ReplicaKind", "batch.entries[1].payload.replicas[0].kind"),
-    ((1, "payload", "replicas", 0, "status"), "COMPLETE", "expected an integer",
-     "batch.entries[1].payload.replicas[0].status"),
-    ((1, "payload", "replicas"), {}, "expected a list", "batch.entries[1].payload.replicas"),
-    ((0, "payload", "capacity"), 1.5, "expected an integer", "batch.entries[0].payload.capacity"),
-    ((0, "tenant"), "", "must not be empty", "batch.entries[0].tenant"),
-    ((1, "payload"), None, "expected a map", "batch.entries[1].payload"),
-    ((2, "payload"), {}, "REMOVE carries no payload", "batch.entries[2].payload"),
-])
-def test_wrong_typed_field_rejected(path: tuple, value: object, message: str, field: str) -> None:
-    top, entries = wire_maps(sample_batch())
-    _at(entries, path[:-1])[path[-1]] = value  # type: ignore[index]
-    with pytest.raises(OpLogCorrupt, match=message) as ei:
-        decode_batch(reencode(top, entries))
-    assert ei.value.field == field
-
-
-@pytest.mark.parametrize("path, name", [
-    ((1, "payload"), "client"),
-    ((1, "payload", "replicas", 0), "endpoint"),
-    ((0, "payload"), "capacity"),
-    ((0,), "tenant"),
-])
-def test_missing_field_rejected(path: tuple, name: str) -> None:
-    top, entries = wire_maps(sample_batch())
-    del _at(entries, path)[name]  # type: ignore[attr-defined]
-    with pytest.raises(OpLogCorrupt, match="missing field") as ei:
-        decode_batch(reencode(top, entries))
-    assert ei.value.field.endswith("." + name)
-
-
-@pytest.mark.parametrize("path, name", [
-    ((1, "payload"), "lease_timeout"),
-    ((1, "payload", "replicas", 0), "object_checksum"),
-    ((2,), "timestamp_ms"),
-])
-def test_extra_field_rejected(path: tuple, name: str) -> None:
-    top, entries = wire_maps(sample_batch())
-    _at(entries, path)[name] = 0  # type: ignore[index]
-    with pytest.raises(OpLogCorrupt, match=f"unknown field.*{name}"):
-        decode_batch(reencode(top, entries))
+    top, columns = wire_maps(sample_batch())
+    top["count"] = 6
+    with pytest.raises(OpLogCorrupt, match="5 values, expected 6") as ei:
+        decode_batch(reencode(top, columns))
+    assert ei.value.field == "batch.columns.op"
 
 
 def test_extra_top_level_field_rejected() -> None:
-    top, entries = wire_maps(sample_batch())
+    top, columns = wire_maps(sample_batch())
     top["producer_view"] = 3
     with pytest.raises(OpLogCorrupt, match="unknown field") as ei:
-        decode_batch(reencode(top, entries))
+        decode_batch(reencode(top, columns))
     assert ei.value.field == "batch"
 
 
@@ -232,14 +207,122 @@ def test_garbage_rejected(blob: bytes) -> None:
         decode_batch(blob)
 
 
+def test_columns_blob_that_is_not_a_map_rejected() -> None:
+    top, _ = wire_maps(sample_batch())
+    top["columns"] = msgpack.packb([1, 2])
+    top["checksum"] = oplog._checksum(top["first_sequence_id"], top["count"], top["columns"])
+    with pytest.raises(OpLogCorrupt, match="expected a map") as ei:
+        decode_batch(msgpack.packb(top, use_bin_type=True))
+    assert ei.value.field == "batch.columns"
+
+
+# --- vectorized column checks --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", [0, 2, 4, 7, 99])  # PUT_REVOKE, LEASE_RENEW, SEGMENT_UPDATE are never logged
+def test_unknown_op_rejected(op: int) -> None:
+    top, columns = wire_maps(sample_batch())
+    set_value(columns, "op", "u1", 2, op)
+    with pytest.raises(OpLogCorrupt, match=f"{op} is not a OpType") as ei:
+        decode_batch(reencode(top, columns))
+    assert ei.value.field == "batch.columns.op"
+
+
+def _tamper_offsets(columns: dict) -> None:
+    set_value(columns, "key_offsets", "<i8", 2, 1)  # row 1 ends before it starts
+
+
+@pytest.mark.parametrize("tamper, message, field", [
+    (lambda c: c.update(size=c["size"][:-1]), "not a whole number", "size"),
+    (lambda c: c.update(size=c["size"][:8]), "1 values, expected 2", "size"),
+    (lambda c: c.update(size=[1, 2]), "expected bytes", "size"),
+    (lambda c: set_value(c, "hard_pinned", "u1", 0, 2), "expected a bool", "hard_pinned"),
+    (lambda c: set_value(c, "data_type", "u1", 1, 200), "200 is not a ObjectDataType", "data_type"),
+    (lambda c: set_value(c, "replica_kind", "u1", 0, 17), "not a ReplicaKind", "replica_kind"),
+    (lambda c: set_value(c, "replica_status", "u1", 2, 9), "not a ReplicaStatus", "replica_status"),
+    (lambda c: set_value(c, "replica_count", "<u4", 1, 3), "3 values, expected 4", "replica_id"),
+    (lambda c: set_value(c, "client", "<i4", 0, 99), "outside the table", "client"),
+    (lambda c: set_value(c, "replica_segment", "<i4", 0, -1), "outside the table", "replica_segment"),
+    (_tamper_offsets, "must not be empty", "key_offsets"),
+    (lambda c: set_value(c, "key_offsets", "<i8", 5, 10_000), "must run from 0", "key_offsets"),
+    (lambda c: c.update(key_bytes=c["key_bytes"].replace(b"k1", b"\xff1")), "UTF-8", "key_bytes"),
+    (lambda c: c.update(string_bytes=b"\xc3" + c["string_bytes"][1:]), "UTF-8", "string_bytes"),
+    (lambda c: set_value(c, "string_offsets", "<i8", 0, 1), "must run from 0", "string_offsets"),
+    (lambda c: c["segments"].pop(), "1 payloads for 2 segment rows", "segments"),
+    (lambda c: c["segments"][0].update(capacity=1.5), "expected an integer", "segments[0].capacity"),
+    (lambda c: c.update(segments={}), "expected a list", "segments"),
+])
+def test_bad_column_rejected(tamper, message: str, field: str) -> None:
+    top, columns = wire_maps(sample_batch())
+    tamper(columns)
+    with pytest.raises(OpLogCorrupt, match=message) as ei:
+        decode_batch(reencode(top, columns))
+    assert ei.value.field == f"batch.columns.{field}"
+
+
+def test_empty_tenant_rejected() -> None:
+    top, columns = wire_maps(sample_batch())
+    empty = OpLogColumns.from_wire(top["columns"], top["count"], "x").strings.to_pylist().index("")
+    set_value(columns, "tenant", "<i4", 2, empty)
+    with pytest.raises(OpLogCorrupt, match="must not be empty") as ei:
+        decode_batch(reencode(top, columns))
+    assert ei.value.field == "batch.columns.tenant"
+
+
+def test_key_longer_than_the_limit_rejected() -> None:
+    op = OpLogOp(OpType.REMOVE, "t", "k")
+    top, columns = wire_maps(OpLogBatch(1, (op.at(1),)))
+    columns["key_bytes"] = b"k" * (MAX_KEY_BYTES + 1)
+    columns["key_offsets"] = np.array([0, MAX_KEY_BYTES + 1], "<i8").tobytes()
+    with pytest.raises(OpLogCorrupt, match="longer than") as ei:
+        decode_batch(reencode(top, columns))
+    assert ei.value.field == "batch.columns.key_offsets"
+
+
+@pytest.mark.parametrize("name", ["client", "replica_endpoint", "tenant", "key_bytes", "string_offsets", "segments"])
+def test_missing_column_rejected(name: str) -> None:
+    top, columns = wire_maps(sample_batch())
+    del columns[name]
+    with pytest.raises(OpLogCorrupt, match="missing field") as ei:
+        decode_batch(reencode(top, columns))
+    assert ei.value.field == f"batch.columns.{name}"
+
+
+def test_missing_segment_field_rejected() -> None:
+    top, columns = wire_maps(sample_batch())
+    del columns["segments"][0]["capacity"]
+    with pytest.raises(OpLogCorrupt, match="missing field") as ei:
+        decode_batch(reencode(top, columns))
+    assert ei.value.field == "batch.columns.segments[0].capacity"
+
+
+@pytest.mark.parametrize("where, name", [("columns", "lease_timeout"), ("segment", "timestamp_ms")])
+def test_extra_field_rejected(where: str, name: str) -> None:
+    top, columns = wire_maps(sample_batch())
+    (columns if where == "columns" else columns["segments"][0])[name] = b""
+    with pytest.raises(OpLogCorrupt, match=f"unknown field.*{name}"):
+        decode_batch(reencode(top, columns))
+
+
 def test_older_payload_without_pin_flags_defaults_to_false() -> None:
-    top, entries = wire_maps(sample_batch())
-    del entries[1]["payload"]["hard_pinned"]
-    del entries[1]["payload"]["soft_pin_enabled"]
-    payload = decode_batch(reencode(top, entries)).entries[1].payload
+    top, columns = wire_maps(sample_batch())
+    del columns["hard_pinned"]
+    del columns["soft_pin_enabled"]
+    payload = decode_batch(reencode(top, columns)).entries[1].payload
     assert isinstance(payload, PutEndPayload)
     assert payload.hard_pinned is False and payload.soft_pin_enabled is False
 
+
+def test_a_rejected_batch_builds_nothing() -> None:
+    # decode is all or nothing: the error comes before any batch object exists
+    top, columns = wire_maps(sample_batch())
+    set_value(columns, "replica_kind", "u1", 2, 200)
+    with pytest.raises(OpLogCorrupt):
+        decode_batch(reencode(top, columns))
+    assert decode_batch(encode_batch(sample_batch())) == sample_batch()
+
+
+# --- the RFC's wire rule -------------------------------------------------------------------------
 
 FORBIDDEN = ("lease", "deadline", "ttl", "timeout", "read_time", "last_read", "remaining", "expire")
 
@@ -255,22 +338,26 @@ def _all_keys(node: object) -> set[str]:
 @settings(max_examples=60, deadline=None)
 @given(batches())
 def test_no_lease_or_deadline_fields_on_the_wire(batch: OpLogBatch) -> None:
-    top, entries = wire_maps(batch)
-    names = _all_keys(top) | _all_keys(entries)
+    top, columns = wire_maps(batch)
+    names = _all_keys(top) | _all_keys(columns)
     assert not [n for n in names if any(bad in n.lower() for bad in FORBIDDEN)], names
 
 
 def test_exact_wire_field_names() -> None:
     # Pins the wire model to the RFC's list; adding a field is a deliberate, versioned change.
-    top, entries = wire_maps(sample_batch())
-    assert set(top) == {"version", "first_sequence_id", "count", "entries", "checksum"}
-    assert set(entries[0]) == {"seq", "op", "tenant", "key", "payload"}
-    assert set(entries[0]["payload"]) == {"name", "endpoint", "capacity", "client"}
-    assert set(entries[1]["payload"]) == {"client", "size", "replicas", "data_type", "group_id",
-                                          "hard_pinned", "soft_pin_enabled"}
-    assert set(entries[1]["payload"]["replicas"][0]) == {"replica_id", "kind", "segment", "offset", "size",
-                                                         "status", "endpoint"}
-    assert entries[2]["payload"] is None
+    top, columns = wire_maps(sample_batch())
+    assert set(top) == {"version", "first_sequence_id", "count", "columns", "checksum"}
+    assert set(columns) == {
+        "op", "tenant", "key_offsets", "key_bytes",
+        "client", "size", "data_type", "group", "hard_pinned", "soft_pin_enabled", "replica_count",
+        "replica_id", "replica_kind", "replica_segment", "replica_offset", "replica_size", "replica_status",
+        "replica_endpoint", "string_offsets", "string_bytes", "segments"}
+    assert set(columns["segments"][0]) == {"name", "endpoint", "capacity", "client"}
+    assert len(columns["segments"]) == 2
+    assert column(columns, "replica_count", "<u4").tolist() == [1, 2]
+
+
+# --- constructors --------------------------------------------------------------------------------
 
 
 def test_constructor_validation() -> None:
@@ -278,6 +365,10 @@ def test_constructor_validation() -> None:
         OpLogBatch(1, (OpLogEntry(1, OpType.REMOVE, "t", "a"), OpLogEntry(3, OpType.REMOVE, "t", "b")))
     with pytest.raises(InvalidParams, match="at least one"):
         OpLogBatch(1, ())
+    with pytest.raises(InvalidParams, match="not an OpLogEntry"):
+        OpLogBatch(1, (OpLogOp(OpType.REMOVE, "t", "a"),))  # type: ignore[arg-type]
+    with pytest.raises(InvalidParams, match="first_sequence_id"):
+        OpLogBatch(0, (OpLogEntry(1, OpType.REMOVE, "t", "a"),))
     with pytest.raises(InvalidParams, match="PUT_END carries PutEndPayload"):
         OpLogEntry(1, OpType.PUT_END, "t", "k")
     with pytest.raises(InvalidParams, match="REMOVE carries no payload"):
@@ -300,4 +391,6 @@ def test_constructor_validation() -> None:
 def test_op_at_assigns_the_sequence_id() -> None:
     e = OpLogOp(OpType.REMOVE, "t", "k").at(42)
     assert e == OpLogEntry(42, OpType.REMOVE, "t", "k")
-    assert sample_batch(first=3).last_sequence_id == 6
+    b = sample_batch(first=3)
+    assert (b.count, b.last_sequence_id, list(b.sequence_ids)) == (5, 7, [3, 4, 5, 6, 7])
+    assert [e.sequence_id for e in b.entries] == [3, 4, 5, 6, 7]

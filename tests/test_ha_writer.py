@@ -65,10 +65,10 @@ class FakeStore:
         return 0
 
     def ids(self) -> list[int]:
-        return [e.sequence_id for b in self.batches for e in b.entries]
+        return [i for b in self.batches for i in b.sequence_ids]
 
     def sizes(self) -> list[int]:
-        return [len(b.entries) for b in self.batches]
+        return [b.count for b in self.batches]
 
 
 def rm(key: str) -> OpLogOp:
@@ -82,7 +82,7 @@ def make(store: object = None, **kw: int) -> tuple[OpLogWriter, FakeStore]:
 
 
 def recorder(log: list, tag: str) -> Callable:
-    return lambda arg: log.append((tag, [e.sequence_id for e in arg] if isinstance(arg, tuple) else arg))
+    return lambda arg: log.append((tag, list(arg.sequence_ids) if isinstance(arg, OpLogBatch) else arg))
 
 
 def test_callbacks_run_in_sequence_order() -> None:
@@ -321,7 +321,7 @@ def test_any_interleaving_keeps_the_log_contiguous_and_callbacks_ordered(script:
                 assert w.outstanding + arg > 12
         elif action == "submit" and open_reservations:
             r = open_reservations.pop(arg % len(open_reservations))
-            w.submit(r, [rm(f"k{i}") for i in range(r.count)], lambda es: fired.extend(e.sequence_id for e in es))
+            w.submit(r, [rm(f"k{i}") for i in range(r.count)], lambda b: fired.extend(b.sequence_ids))
         elif action == "flush":
             if arg != "ok":
                 store.faults[store.calls + 1] = (arg, OpLogStoreUnavailable("injected"))
@@ -336,4 +336,4 @@ def test_any_interleaving_keeps_the_log_contiguous_and_callbacks_ordered(script:
     assert store.ids() == list(range(1, w.durable_prefix + 1))
     assert w.outstanding == 0
     assert fired == sorted(fired) and len(fired) == len(set(fired))
-    assert all(len(b.entries) <= max_batch for b in store.batches)
+    assert all(b.count <= max_batch for b in store.batches)

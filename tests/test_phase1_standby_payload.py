@@ -24,6 +24,7 @@ from mooncake_columnar.ha.oplog import (
     OpType,
     PutEndPayload,
     ReplicaDescriptor,
+    decode_batch,
     encode_batch,
 )
 from mooncake_columnar.ha.standby import standby_snapshot_of, state_of_standby
@@ -97,11 +98,14 @@ def test_phase1_standby_payload_round_trip_preserves_hard_pin_and_soft_pin_enabl
 
 def test_oplog_put_end_payload_has_no_deadline_field() -> None:
     payload = PutEndPayload("c0", 10, (ReplicaDescriptor(1, 0, "seg0", 0, 10, 3),), 0, "", True, True)
-    raw = msgpack.unpackb(encode_batch(OpLogBatch(1, (OpLogEntry(1, OpType.PUT_END, "t", "k", payload),))))
-    entry = msgpack.unpackb(raw["entries"])[0]
-    names = set(entry) | set(entry["payload"]) | set(entry["payload"]["replicas"][0])
+    batch = OpLogBatch(1, (OpLogEntry(1, OpType.PUT_END, "t", "k", payload),))
+    raw = msgpack.unpackb(encode_batch(batch))
+    columns = msgpack.unpackb(raw["columns"])
+    names = set(raw) | set(columns)
     assert not [n for n in names if any(word in n for word in FORBIDDEN)]
-    assert entry["payload"]["hard_pinned"] is True and entry["payload"]["soft_pin_enabled"] is True
+    assert columns["hard_pinned"] == b"\x01" and columns["soft_pin_enabled"] == b"\x01"
+    back = decode_batch(encode_batch(batch)).entries[0].payload
+    assert back.hard_pinned is True and back.soft_pin_enabled is True
 
 
 def _old_payloads(snap: StandbySnapshot) -> dict[str, bytes]:

@@ -2,6 +2,7 @@
 from .oplog import (
     STANDBY_WIRE_VERSION,
     OpLogBatch,
+    OpLogColumns,
     OpLogEntry,
     OpLogOp,
     OpType,
@@ -19,6 +20,7 @@ __all__ = [
     "EtcdOpLogStore",
     "FileOpLogStore",
     "OpLogBatch",
+    "OpLogColumns",
     "OpLogEntry",
     "OpLogOp",
     "OpLogStore",

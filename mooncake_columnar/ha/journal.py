@@ -9,15 +9,16 @@ with the error, eviction stops its cycle and stays armed. No deadline ever goes 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import WindowFull
-from ..schema import FLAG_HARD_PINNED, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ReplicaStatus
+from ..schema import FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ReplicaStatus
 from ..store.segments import Segment
-from .oplog import OpLogOp, OpType, SegmentPayload, trusted_op, trusted_put_end, trusted_replica
-from .writer import OpLogWriter
+from .oplog import OpLogColumns, OpLogOp, OpType, SegmentPayload, string_parts
+from .writer import OpLogWriter, Reservation
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -28,41 +29,58 @@ _COMPLETE = int(ReplicaStatus.COMPLETE)
 _MEMORY = int(KIND_MEMORY)
 
 
+def _dictionary(codes: np.ndarray, name_of: Callable[[int], str]) -> tuple[np.ndarray, list[str]]:
+    """Engine dictionary codes (-1: "") -> (batch-local codes, their strings). Python work is
+    per distinct value, never per row."""
+    distinct, local = np.unique(codes, return_inverse=True)
+    return local.astype(np.int32), [name_of(c) if c >= 0 else "" for c in distinct.tolist()]
+
+
 class Journal:
     def __init__(self, writer: OpLogWriter) -> None:
         self.writer = writer
 
-    # ---- ops -------------------------------------------------------------------------------
-    def _object_ops(self, m: "MasterService", rows: np.ndarray, keep: np.ndarray | None) -> list[OpLogOp]:
-        """One op per row: PUT_END carrying the replicas that stay (``keep`` mask over slots,
-        default: the COMPLETE ones), or REMOVE when none stays. Columns are gathered once."""
+    # ---- columns ---------------------------------------------------------------------------
+    def _object_columns(self, m: "MasterService", rows: np.ndarray, keep: np.ndarray | None) -> OpLogColumns:
+        """One entry per row, built from the engine columns with NumPy: PUT_END carrying the
+        replicas that stay (``keep`` mask over slots, default: the COMPLETE ones), or REMOVE
+        when none stays."""
         o = m.objects
         if keep is None:
             keep = o.replica_status[rows] == _COMPLETE
-        keys = m.keys.keys_of(rows).to_pylist()
-        tenants = [m.tenants.name(c) for c in o.tenant[rows].tolist()]
-        clients = [m.clients.name(c) for c in o.client[rows].tolist()]
-        sizes = o.size_bytes[rows].tolist()
-        dtypes = o.data_type[rows].tolist()
-        flags = o.flags[rows].tolist()
-        kinds, segs = o.replica_kind[rows].tolist(), o.replica_segment[rows].tolist()
-        offs, ids = o.replica_offset[rows].tolist(), o.replica_id[rows].tolist()
-        keep_l = keep.tolist()
-        names = [s.name if s else "" for s in m.segments.info]
-        ops = []
-        for i, row in enumerate(rows.tolist()):
-            reps = tuple(trusted_replica(ids[i][j], kinds[i][j], names[segs[i][j]] if kinds[i][j] == _MEMORY else "",
-                                         offs[i][j], sizes[i], _COMPLETE)
-                         for j, k in enumerate(keep_l[i]) if k)
-            if not reps:
-                ops.append(trusted_op(OpType.REMOVE, tenants[i], keys[i], None))
-                continue
-            ops.append(trusted_op(OpType.PUT_END, tenants[i], keys[i], trusted_put_end(
-                clients[i], sizes[i], reps, dtypes[i], m._group_name(row),
-                bool(flags[i] & FLAG_HARD_PINNED), bool(flags[i] & FLAG_SOFT_PIN_ENABLED))))
-        return ops
+        counts = keep.sum(axis=1)
+        is_put = counts > 0
+        put = rows[is_put]
+        r_idx, slot = np.nonzero(keep[is_put])  # row-major: grouped by object, in row order
+        src = put[r_idx]
+        kind = o.replica_kind[src, slot]
+        flags = o.flags[put]
+        seg = np.where(kind == _MEMORY, o.replica_segment[src, slot], -1)
+        group = np.where((flags & FLAG_GROUPED) != 0, o.group[put], -1)
+        # one string table: the tenants, clients, groups and segment names these rows use, and ""
+        strings: list[str] = []
+        coded: dict[str, np.ndarray] = {}
+        for name, codes, name_of in (
+                ("tenant", o.tenant[rows], m.tenants.name), ("client", o.client[put], m.clients.name),
+                ("group", group, m._group_names.__getitem__),
+                ("replica_segment", seg, lambda c: m.segments.info[c].name)):
+            local, names = _dictionary(codes, name_of)
+            coded[name] = local + np.int32(len(strings))
+            strings += names
+        key_offsets, key_bytes = string_parts(m.keys.keys_of(rows))
+        return OpLogColumns(
+            op=np.where(is_put, np.uint8(OpType.PUT_END), np.uint8(OpType.REMOVE)),
+            **coded, key_offsets=key_offsets, key_bytes=key_bytes,
+            size=o.size_bytes[put].astype(np.uint64), data_type=o.data_type[put],
+            hard_pinned=(flags & FLAG_HARD_PINNED) != 0, soft_pin_enabled=(flags & FLAG_SOFT_PIN_ENABLED) != 0,
+            replica_count=counts[is_put].astype(np.uint32), replica_id=o.replica_id[src, slot], replica_kind=kind,
+            replica_offset=o.replica_offset[src, slot].astype(np.uint64),
+            replica_size=o.size_bytes[src].astype(np.uint64),
+            replica_status=np.full(src.size, _COMPLETE, np.uint8),
+            replica_endpoint=np.full(src.size, len(strings), np.int32),  # the journal logs no endpoint
+            strings=pa.array(strings + [""], pa.large_string()), segments=())
 
-    def _try_reserve(self, n: int):
+    def _try_reserve(self, n: int) -> Reservation | None:
         try:
             return self.writer.reserve(n)
         except WindowFull:
@@ -78,7 +96,7 @@ class Journal:
             m.metrics.inc("oplog_put_end_dropped", int(rows.size))
             log.warning("oplog window full: %d PUT_END entries not journaled", rows.size)
             return
-        self.writer.submit(res, self._object_ops(m, rows, None))
+        self.writer.submit(res, self._object_columns(m, rows, None))
 
     def hide_then_free(self, m: "MasterService", rows: np.ndarray, removed: np.ndarray | None = None) -> bool:
         """Mark the ``removed`` slots (default: every slot) of ``rows`` REMOVED, journal
@@ -93,11 +111,11 @@ class Journal:
         if res is None:
             return False
         remaining = (o.replica_status[rows] != 0) & ~removed
-        ops = self._object_ops(m, rows, remaining & (o.replica_status[rows] == _COMPLETE))
+        body = self._object_columns(m, rows, remaining & (o.replica_status[rows] == _COMPLETE))
         ids = np.where(removed, o.replica_id[rows], 0)
         r_idx, slot = np.nonzero(removed)
         o.replica_status[rows[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable
-        self.writer.submit(res, ops, on_durable=lambda _entries: m._finalize_removed(rows, ids))
+        self.writer.submit(res, body, on_durable=lambda _batch: m._finalize_removed(rows, ids))
         return True
 
     def segment(self, m: "MasterService", seg: Segment, mounted: bool) -> None:
@@ -107,8 +125,9 @@ class Journal:
             m.metrics.inc("oplog_segment_ops_dropped")
             log.warning("oplog window full: %s %s not journaled", op.name, seg.name)
             return
-        self.writer.submit(res, [OpLogOp(op, "default", seg.endpoint or seg.name,
-                                         SegmentPayload(seg.name, seg.endpoint, seg.size, seg.client))])
+        self.writer.submit(res, OpLogColumns.from_ops([OpLogOp(op, "default", seg.endpoint or seg.name,
+                                                               SegmentPayload(seg.name, seg.endpoint, seg.size,
+                                                                              seg.client))]))
 
 
 def finalize_removed(m: "MasterService", rows: np.ndarray, ids: np.ndarray) -> Sequence[int]:
@@ -122,3 +141,4 @@ def finalize_removed(m: "MasterService", rows: np.ndarray, ids: np.ndarray) -> S
     gone = np.unique(rows[match.any(axis=1) & ~(o.replica_status[rows] != 0).any(axis=1)])
     m._erase_rows(gone)
     return gone
+

@@ -1,34 +1,48 @@
-"""OpLog entries and the batch wire codec of the standby path.
+"""OpLog entries, columnar batches and the batch wire codec of the standby path.
 
 An entry carries only what a standby needs to rebuild object metadata and replicas (lease-recovery
 RFC, "Standby metadata wire model"): tenant, key, client, size, replica descriptors, data type,
 group, hard_pinned, soft_pin_enabled. Leases, soft-pin deadlines, remaining TTLs and read times are
 runtime state of the serving primary and are never logged; a promoted primary grants fresh leases.
 
+A batch is columns (:class:`OpLogColumns`), never one Python object per entry: the primary builds
+them from its engine rows with NumPy, the standby applies them with vectorized engine calls. The
+per-entry dataclasses below (:class:`OpLogOp`, :class:`OpLogEntry`, ...) remain for hand-built
+small batches (tests, segment ops) and as a convenience view, ``OpLogBatch.entries``.
+
 Wire format of one batch (msgpack map, strict on decode)::
 
     {"version": STANDBY_WIRE_VERSION, "first_sequence_id": int, "count": int,
-     "entries": bin(msgpack list of entry maps), "checksum": crc32}
+     "columns": bin(msgpack map: column name -> raw little-endian array bytes, plus the
+                    string table and the segment rows), "checksum": crc32}
 
-The entries travel as an opaque byte string so that the checksum covers the exact stored bytes
-(upstream re-serializes its JSON to re-check it; that needs a canonical encoder, this does not).
+The columns travel as an opaque byte string so that the checksum covers the exact stored bytes.
+Rows are the entries in sequence order; PUT_END-only columns hold one value per PUT_END row (in
+row order) and replica columns one value per replica of those rows (``replica_count`` each).
+String columns (tenant, client, group, replica segment and endpoint) are int32 codes into one
+UTF-8 string table (``string_offsets`` / ``string_bytes``); keys are ``key_offsets`` / ``key_bytes``.
+SEGMENT_MOUNT / SEGMENT_UNMOUNT rows are rare: their payloads travel as small maps (``segments``).
 """
 from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Callable, Union
+from functools import cached_property
+from typing import Any, Callable, Sequence, Union
 
 import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import InvalidParams, OpLogChecksumError, OpLogCorrupt, OpLogGap
 from ..schema import MAX_KEY_BYTES, ObjectDataType, ReplicaKind, ReplicaStatus
 
 # The standby wire version is independent of the complete-snapshot versions ("1.0.0", "2.0.0"):
-# the RFC forbids the standby path from consuming the snapshot's clock mapping.
-STANDBY_WIRE_VERSION = "mooncake-columnar-standby/1"
+# the RFC forbids the standby path from consuming the snapshot's clock mapping. /2: columnar.
+STANDBY_WIRE_VERSION = "mooncake-columnar-standby/2"
 
 _U64_MAX = 2**64 - 1
 _SEQ_MAX = 2**63 - 1  # sequence ids never wrap here; int64 keeps them exact in every consumer
@@ -242,38 +256,368 @@ class OpLogEntry:
         object.__setattr__(self, "op", OpType(self.op))
 
 
-@dataclass(frozen=True)
+# --- columns ---------------------------------------------------------------------------------------
+
+_PUT_END = int(OpType.PUT_END)
+_SEGMENT_OPS = (int(OpType.SEGMENT_MOUNT), int(OpType.SEGMENT_UNMOUNT))
+
+# Array columns and their wire dtypes, grouped by what their length counts.
+_ROW_ARRAYS = {"op": "u1", "tenant": "<i4"}
+_PUT_ARRAYS = {"client": "<i4", "size": "<u8", "data_type": "u1", "group": "<i4", "hard_pinned": "?",
+               "soft_pin_enabled": "?", "replica_count": "<u4"}
+_REPLICA_ARRAYS = {"replica_id": "<u8", "replica_kind": "u1", "replica_segment": "<i4", "replica_offset": "<u8",
+                   "replica_size": "<u8", "replica_status": "u1", "replica_endpoint": "<i4"}
+_CODE_ARRAYS = ("tenant", "client", "group", "replica_segment", "replica_endpoint")  # into the string table
+_ARRAYS = {**_ROW_ARRAYS, **_PUT_ARRAYS, **_REPLICA_ARRAYS}
+
+
+def _lut(values: Sequence[int]) -> np.ndarray:
+    """A 256-entry membership table: enum checks on uint8 columns are one gather."""
+    ok = np.zeros(256, np.bool_)
+    ok[list(values)] = True
+    return ok
+
+
+_ENUM_COLUMNS = {"op": (_lut(list(OpType)), OpType), "data_type": (_lut(list(ObjectDataType)), ObjectDataType),
+                 "replica_kind": (_lut(list(ReplicaKind)), ReplicaKind),
+                 "replica_status": (_lut(list(ReplicaStatus)), ReplicaStatus)}
+
+
+def string_parts(strings: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 offsets starting at 0, uint8 bytes) of a large_string array (any slice offset)."""
+    _, off_buf, data_buf = strings.buffers()
+    offsets = np.frombuffer(off_buf, np.int64, count=len(strings) + 1, offset=strings.offset * 8)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets - offsets[0], data[offsets[0]:offsets[-1]]
+
+
+def _large_strings(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+    return pa.LargeStringArray.from_buffers(offsets.size - 1, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+@dataclass(frozen=True, eq=False)
+class OpLogColumns:
+    """The body of a batch: entries (no sequence ids yet) as columns. See the module docstring.
+
+    Built by :meth:`from_ops` (small, hand-built), by the primary's journal from engine rows, or
+    by :meth:`from_wire` (validated). Instances are immutable; :meth:`slice` shares arrays.
+    """
+
+    op: np.ndarray            # uint8 OpType, one per row
+    tenant: np.ndarray        # int32 string code, one per row
+    key_offsets: np.ndarray   # int64, rows + 1, from 0
+    key_bytes: np.ndarray     # uint8 UTF-8
+    client: np.ndarray        # PUT_END rows: int32 string code
+    size: np.ndarray          # uint64
+    data_type: np.ndarray     # uint8 ObjectDataType
+    group: np.ndarray         # int32 string code ("" = no group)
+    hard_pinned: np.ndarray   # bool
+    soft_pin_enabled: np.ndarray  # bool
+    replica_count: np.ndarray     # uint32
+    replica_id: np.ndarray        # replicas of the PUT_END rows, in row order: uint64
+    replica_kind: np.ndarray      # uint8 ReplicaKind
+    replica_segment: np.ndarray   # int32 string code (segment name, "" if not in memory)
+    replica_offset: np.ndarray    # uint64
+    replica_size: np.ndarray      # uint64
+    replica_status: np.ndarray    # uint8 ReplicaStatus
+    replica_endpoint: np.ndarray  # int32 string code
+    strings: pa.Array             # large_string table of the code columns
+    segments: tuple[SegmentPayload, ...]  # payloads of the SEGMENT_MOUNT/UNMOUNT rows, in row order
+
+    def __len__(self) -> int:
+        return int(self.op.shape[0])
+
+    # ---- derived positions (computed once per instance) ----
+    @cached_property
+    def put_prefix(self) -> np.ndarray:
+        """PUT_END rows before row i (i in 0..rows): row -> index into the PUT_END columns."""
+        return np.concatenate(([0], np.cumsum(self.op == _PUT_END, dtype=np.int64)))
+
+    @cached_property
+    def segment_rows(self) -> np.ndarray:
+        return np.flatnonzero(self.op >= _SEGMENT_OPS[0])
+
+    @cached_property
+    def replica_starts(self) -> np.ndarray:
+        """PUT_END index -> first replica (PUT_END rows + 1 values)."""
+        return np.concatenate(([0], np.cumsum(self.replica_count, dtype=np.int64)))
+
+    @property
+    def keys(self) -> pa.Array:
+        """The keys as a large_string array over the same bytes (no copy)."""
+        return _large_strings(self.key_offsets, self.key_bytes)
+
+    # ---- building ----
+    @classmethod
+    def from_ops(cls, ops: Sequence[Any]) -> OpLogColumns:
+        """Columns of validated :class:`OpLogOp` / :class:`OpLogEntry` objects (small batches:
+        one Python pass over them)."""
+        codes: dict[str, int] = {}
+
+        def code(s: str) -> int:
+            return codes.setdefault(s, len(codes))
+
+        rows: dict[str, list] = {name: [] for name in _ARRAYS}
+        keys: list[bytes] = []
+        segments: list[SegmentPayload] = []
+        for o in ops:
+            rows["op"].append(int(o.op))
+            rows["tenant"].append(code(o.tenant))
+            keys.append(o.key.encode("utf-8"))
+            p = o.payload
+            if isinstance(p, PutEndPayload):
+                for name, value in (("client", code(p.client)), ("size", p.size), ("data_type", int(p.data_type)),
+                                    ("group", code(p.group_id)), ("hard_pinned", p.hard_pinned),
+                                    ("soft_pin_enabled", p.soft_pin_enabled), ("replica_count", len(p.replicas))):
+                    rows[name].append(value)
+                for r in p.replicas:
+                    for name, value in (("replica_id", r.replica_id), ("replica_kind", int(r.kind)),
+                                        ("replica_segment", code(r.segment)), ("replica_offset", r.offset),
+                                        ("replica_size", r.size), ("replica_status", int(r.status)),
+                                        ("replica_endpoint", code(r.endpoint))):
+                        rows[name].append(value)
+            elif p is not None:
+                segments.append(p)
+        lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+        return cls(**{name: np.array(rows[name], np.dtype(dt)) for name, dt in _ARRAYS.items()},
+                   key_offsets=np.concatenate(([0], np.cumsum(lengths))).astype(np.int64),
+                   key_bytes=np.frombuffer(b"".join(keys), np.uint8),
+                   strings=pa.array(list(codes), pa.large_string()), segments=tuple(segments))
+
+    def slice(self, start: int, stop: int) -> OpLogColumns:
+        """Rows ``start:stop`` (views; the string table is shared, not compacted)."""
+        p0, p1 = (int(v) for v in self.put_prefix[[start, stop]])
+        r0, r1 = (int(v) for v in self.replica_starts[[p0, p1]])
+        k0, k1 = (int(v) for v in self.key_offsets[[start, stop]])
+        s0, s1 = np.searchsorted(self.segment_rows, [start, stop])
+        parts: dict[str, Any] = {name: getattr(self, name)[start:stop] for name in _ROW_ARRAYS}
+        parts.update({name: getattr(self, name)[p0:p1] for name in _PUT_ARRAYS})
+        parts.update({name: getattr(self, name)[r0:r1] for name in _REPLICA_ARRAYS})
+        return OpLogColumns(**parts, key_offsets=self.key_offsets[start:stop + 1] - k0,
+                            key_bytes=self.key_bytes[k0:k1], strings=self.strings,
+                            segments=self.segments[s0:s1])
+
+    @staticmethod
+    def concat(parts: Sequence[OpLogColumns]) -> OpLogColumns:
+        """Rows of ``parts`` in order, with one compact string table (each distinct string used
+        by a code column once): what a batch on the wire holds."""
+        if len(parts) == 1:
+            p = parts[0]
+            arrays = {name: getattr(p, name) for name in _ARRAYS}
+            key_offsets, key_bytes, strings = p.key_offsets, p.key_bytes, p.strings
+        else:
+            bases = np.cumsum([0] + [len(p.strings) for p in parts[:-1]])
+            arrays = {name: np.concatenate([getattr(p, name) + np.int32(b) for p, b in zip(parts, bases)])
+                      if name in _CODE_ARRAYS else np.concatenate([getattr(p, name) for p in parts])
+                      for name in _ARRAYS}
+            key_base = np.cumsum([0] + [int(p.key_offsets[-1]) for p in parts])
+            key_offsets = np.concatenate([p.key_offsets[:-1] + b for p, b in zip(parts, key_base)]
+                                         + [key_base[-1:]]).astype(np.int64)
+            key_bytes = np.concatenate([p.key_bytes for p in parts])
+            strings = pa.concat_arrays([p.strings for p in parts])
+        # compact: equal strings share a code, unused ones go (slices keep their parent's table)
+        unique = pc.unique(strings)
+        to_unique = pc.index_in(strings, value_set=unique).to_numpy(zero_copy_only=False)
+        used = np.zeros(len(unique), np.bool_)
+        for name in _CODE_ARRAYS:
+            used[to_unique[arrays[name]]] = True
+        keep = np.flatnonzero(used)
+        lut = np.full(len(unique), -1, np.int32)
+        lut[keep] = np.arange(keep.size, dtype=np.int32)
+        lut = lut[to_unique]
+        for name in _CODE_ARRAYS:
+            arrays[name] = lut[arrays[name]]
+        return OpLogColumns(**arrays, key_offsets=key_offsets, key_bytes=key_bytes,
+                            strings=unique.take(pa.array(keep)),
+                            segments=tuple(s for p in parts for s in p.segments))
+
+    # ---- the per-entry view (small batches: tests and tools) ----
+    def ops(self) -> list[OpLogOp]:
+        names = self.strings.to_pylist()
+        keys = self.keys.to_pylist()
+        col = {name: getattr(self, name).tolist() for name in _ARRAYS}
+        starts = self.replica_starts.tolist()
+        segments = iter(self.segments)
+        out = []
+        p = 0
+        for i, op in enumerate(col["op"]):
+            payload: Payload = None
+            if op == _PUT_END:
+                replicas = tuple(_trusted(ReplicaDescriptor, dict(
+                    replica_id=col["replica_id"][j], kind=col["replica_kind"][j],
+                    segment=names[col["replica_segment"][j]], offset=col["replica_offset"][j],
+                    size=col["replica_size"][j], status=col["replica_status"][j],
+                    endpoint=names[col["replica_endpoint"][j]])) for j in range(starts[p], starts[p + 1]))
+                payload = _trusted(PutEndPayload, dict(
+                    client=names[col["client"][p]], size=col["size"][p], replicas=replicas,
+                    data_type=col["data_type"][p], group_id=names[col["group"][p]],
+                    hard_pinned=col["hard_pinned"][p], soft_pin_enabled=col["soft_pin_enabled"][p]))
+                p += 1
+            elif op in _SEGMENT_OPS:
+                payload = next(segments)
+            out.append(_trusted(OpLogOp, dict(op=_OPS[op], tenant=names[col["tenant"][i]], key=keys[i],
+                                               payload=payload)))
+        return out
+
+    # ---- wire ----
+    def to_wire(self) -> bytes:
+        offsets, data = string_parts(self.strings)
+        body: dict[str, Any] = {name: np.ascontiguousarray(getattr(self, name), dt).tobytes()
+                                for name, dt in _ARRAYS.items()}
+        body.update(key_offsets=np.ascontiguousarray(self.key_offsets, "<i8").tobytes(),
+                    key_bytes=self.key_bytes.tobytes(), string_offsets=offsets.astype("<i8").tobytes(),
+                    string_bytes=data.tobytes(),
+                    segments=[{"name": s.name, "endpoint": s.endpoint, "capacity": s.capacity, "client": s.client}
+                              for s in self.segments])
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def from_wire(cls, blob: bytes, count: int, where: str) -> OpLogColumns:
+        """Decode and validate (vectorized) ``count`` rows; OpLogCorrupt names the first bad column."""
+        try:
+            raw = msgpack.unpackb(blob, raw=False, strict_map_key=True)
+        except Exception as exc:  # msgpack raises several unrelated types for malformed input
+            raise OpLogCorrupt(where, f"not a msgpack map ({type(exc).__name__}: {exc})") from None
+        f = _fields(raw, where, _COLUMNS_WIRE, _PIN_FLAGS)
+        a: dict[str, np.ndarray] = {}
+        for name, dt in _WIRE_ARRAYS.items():
+            dtype = np.dtype("u1" if dt == "?" else dt)  # bools arrive as bytes and are checked below
+            if f[name] is None:  # a pin flag written before it existed: off (RFC compatibility rule)
+                f[name] = bytes(int(np.count_nonzero(np.frombuffer(f["op"], "u1") == _PUT_END)))
+            if len(f[name]) % dtype.itemsize:
+                raise OpLogCorrupt(f"{where}.{name}", f"{len(f[name])} bytes is not a whole number of {dtype}")
+            a[name] = np.frombuffer(f[name], dtype)
+
+        def check(name: str, bad: np.ndarray, problem: Callable[[int], str]) -> None:
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise OpLogCorrupt(f"{where}.{name}", f"{problem(i)} (at index {i})")
+
+        def length(name: str, want: int) -> None:
+            if a[name].size != want:
+                raise OpLogCorrupt(f"{where}.{name}", f"{a[name].size} values, expected {want}")
+
+        def enum(name: str) -> None:
+            ok, cls = _ENUM_COLUMNS[name]
+            check(name, ~ok[a[name]], lambda i: f"{a[name][i]} is not a {cls.__name__}")
+
+        for name in _ROW_ARRAYS:
+            length(name, count)
+        enum("op")  # the other lengths depend on it
+        length("key_offsets", count + 1)
+        length("replica_count", int(np.count_nonzero(a["op"] == _PUT_END)))
+        for name in _PUT_ARRAYS:
+            length(name, a["replica_count"].size)
+        for name in _REPLICA_ARRAYS:
+            length(name, int(a["replica_count"].sum(dtype=np.int64)))
+        for name in ("data_type", "replica_kind", "replica_status"):
+            enum(name)
+        for name in ("hard_pinned", "soft_pin_enabled"):
+            check(name, a[name] > 1, lambda i, n=name: f"expected a bool (0 or 1), got {a[n][i]}")
+            a[name] = a[name].view(np.bool_)
+        strings = _checked_strings(a, "string", where, nonempty=False)
+        for name in _CODE_ARRAYS:
+            check(name, (a[name] < 0) | (a[name] >= len(strings)),
+                  lambda i, n=name: f"string code {a[n][i]} outside the table of {len(strings)}")
+        lengths = np.diff(a["string_offsets"])
+        check("tenant", lengths[a["tenant"]] == 0, lambda i: "must not be empty")
+        _checked_strings(a, "key", where, nonempty=True)
+        segment_rows = np.count_nonzero(a["op"] >= _SEGMENT_OPS[0])
+        if len(f["segments"]) != segment_rows:
+            raise OpLogCorrupt(f"{where}.segments", f"{len(f['segments'])} payloads for {segment_rows} segment rows")
+        segments = tuple(_trusted(SegmentPayload, _fields(s, f"{where}.segments[{i}]", _SEGMENT_CHECKS))
+                         for i, s in enumerate(f["segments"]))
+        return cls(**{name: a[name] for name in _ARRAYS}, key_offsets=a["key_offsets"], key_bytes=a["key_bytes"],
+                   strings=strings, segments=segments)
+
+
+def _checked_strings(a: dict[str, np.ndarray], prefix: str, where: str, *, nonempty: bool) -> pa.Array:
+    """``<prefix>_offsets`` / ``<prefix>_bytes`` as a validated large_string array."""
+    offsets, data = a[f"{prefix}_offsets"], a[f"{prefix}_bytes"]
+    field = f"{where}.{prefix}_offsets"
+    if offsets.size == 0 or offsets[0] != 0 or offsets[-1] != data.size:
+        raise OpLogCorrupt(field, f"must run from 0 to the {data.size} bytes of {prefix}_bytes")
+    lengths = np.diff(offsets)
+    low, high = (1, MAX_KEY_BYTES) if nonempty else (0, data.size)
+    bad = (lengths < low) | (lengths > high)
+    if bad.any():
+        i = int(np.argmax(bad))
+        what = "must not be empty" if lengths[i] < low else f"longer than {high} bytes"
+        raise OpLogCorrupt(field, f"{what} (at index {i})")
+    strings = _large_strings(offsets, data)
+    try:
+        strings.validate(full=True)  # UTF-8 of every value, in one pass
+    except pa.ArrowInvalid as exc:
+        raise OpLogCorrupt(f"{where}.{prefix}_bytes", f"not valid UTF-8 ({exc})") from None
+    return strings
+
+
+# --- batches --------------------------------------------------------------------------------------
+
+
 class OpLogBatch:
-    """Entries with contiguous sequence ids starting at ``first_sequence_id`` (never empty)."""
+    """Entries with contiguous sequence ids from ``first_sequence_id`` (never empty), as columns.
 
-    first_sequence_id: int
-    entries: tuple[OpLogEntry, ...]
-    checksum: int = field(init=False)
-    # Encoded entries, computed once; the checksum and encode_batch() both use them.
-    _blob: bytes = field(init=False, repr=False, compare=False)
+    ``body``: an :class:`OpLogColumns`, or (small, hand-built batches) a sequence of
+    :class:`OpLogEntry` whose ids must run from ``first_sequence_id``. Two batches are equal when
+    they start at the same id and encode to the same bytes.
+    """
 
-    def __post_init__(self) -> None:
-        if isinstance(self.entries, list):
-            object.__setattr__(self, "entries", tuple(self.entries))
-        problem = _seq(self.first_sequence_id)
+    def __init__(self, first_sequence_id: int, body: OpLogColumns | Sequence[OpLogEntry]) -> None:
+        problem = _seq(first_sequence_id)
         if problem is not None:
             raise InvalidParams(f"OpLogBatch.first_sequence_id: {problem}")
-        if not self.entries:
+        if not isinstance(body, OpLogColumns):
+            entries = tuple(body)
+            for i, e in enumerate(entries):
+                if not isinstance(e, OpLogEntry):
+                    raise InvalidParams(f"OpLogBatch.entries[{i}]: {type(e).__name__} is not an OpLogEntry")
+                if e.sequence_id != first_sequence_id + i:
+                    raise OpLogGap(f"OpLogBatch.entries[{i}]: sequence id {e.sequence_id}, "
+                                   f"expected {first_sequence_id + i}")
+            body = OpLogColumns.from_ops(entries)
+        if len(body) == 0:
             raise InvalidParams("OpLogBatch.entries: a batch holds at least one entry")
-        for i, e in enumerate(self.entries):
-            if not isinstance(e, OpLogEntry):
-                raise InvalidParams(f"OpLogBatch.entries[{i}]: {type(e).__name__} is not an OpLogEntry")
-            if e.sequence_id != self.first_sequence_id + i:
-                raise OpLogGap(
-                    f"OpLogBatch.entries[{i}]: sequence id {e.sequence_id}, expected {self.first_sequence_id + i}"
-                )
-        blob = msgpack.packb([_entry_to_wire(e) for e in self.entries], use_bin_type=True)
-        object.__setattr__(self, "_blob", blob)
-        object.__setattr__(self, "checksum", _checksum(self.first_sequence_id, len(self.entries), blob))
+        if first_sequence_id + len(body) - 1 > _SEQ_MAX:
+            raise InvalidParams(f"OpLogBatch: {len(body)} entries from {first_sequence_id} overflow the sequence space")
+        self.first_sequence_id = first_sequence_id
+        self.columns = body
+
+    @property
+    def count(self) -> int:
+        return len(self.columns)
 
     @property
     def last_sequence_id(self) -> int:
-        return self.first_sequence_id + len(self.entries) - 1
+        return self.first_sequence_id + self.count - 1
+
+    @property
+    def sequence_ids(self) -> range:
+        return range(self.first_sequence_id, self.last_sequence_id + 1)
+
+    @cached_property
+    def blob(self) -> bytes:
+        """The encoded columns: what the checksum covers."""
+        return self.columns.to_wire()
+
+    @cached_property
+    def checksum(self) -> int:
+        return _checksum(self.first_sequence_id, self.count, self.blob)
+
+    @cached_property
+    def entries(self) -> tuple[OpLogEntry, ...]:
+        """A per-entry view for small batches (tests, tools); never on the hot path."""
+        return tuple(op.at(self.first_sequence_id + i) for i, op in enumerate(self.columns.ops()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, OpLogBatch):
+            return NotImplemented
+        return (self.first_sequence_id, self.count, self.blob) == (other.first_sequence_id, other.count, other.blob)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"OpLogBatch({self.first_sequence_id}..{self.last_sequence_id})"
 
 
 def _checksum(first: int, count: int, blob: bytes) -> int:
@@ -284,30 +628,10 @@ def _checksum(first: int, count: int, blob: bytes) -> int:
 # --- encode ---------------------------------------------------------------------------------------
 
 
-def _replica_to_wire(r: ReplicaDescriptor) -> dict[str, Any]:
-    return {"replica_id": r.replica_id, "kind": int(r.kind), "segment": r.segment, "offset": r.offset,
-            "size": r.size, "status": int(r.status), "endpoint": r.endpoint}
-
-
-def _payload_to_wire(p: Payload) -> dict[str, Any] | None:
-    if p is None:
-        return None
-    if isinstance(p, PutEndPayload):
-        return {"client": p.client, "size": p.size, "replicas": [_replica_to_wire(r) for r in p.replicas],
-                "data_type": int(p.data_type), "group_id": p.group_id, "hard_pinned": p.hard_pinned,
-                "soft_pin_enabled": p.soft_pin_enabled}
-    return {"name": p.name, "endpoint": p.endpoint, "capacity": p.capacity, "client": p.client}
-
-
-def _entry_to_wire(e: OpLogEntry) -> dict[str, Any]:
-    return {"seq": e.sequence_id, "op": int(e.op), "tenant": e.tenant, "key": e.key,
-            "payload": _payload_to_wire(e.payload)}
-
-
 def encode_batch(batch: OpLogBatch) -> bytes:
     return msgpack.packb(
         {"version": STANDBY_WIRE_VERSION, "first_sequence_id": batch.first_sequence_id,
-         "count": len(batch.entries), "entries": batch._blob, "checksum": batch.checksum},
+         "count": batch.count, "columns": batch.blob, "checksum": batch.checksum},
         use_bin_type=True,
     )
 
@@ -319,8 +643,13 @@ def _bin(v: Any) -> str | None:
     return None if type(v) is bytes else f"expected bytes, got {type(v).__name__}"
 
 
-def _fields(m: Any, where: str, checks: dict[str, _Check], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The checked fields of wire map ``m``; missing (without default), extra or ill-typed -> OpLogCorrupt."""
+def _list(v: Any) -> str | None:
+    return None if type(v) is list else f"expected a list, got {type(v).__name__}"
+
+
+def _fields(m: Any, where: str, checks: dict[str, _Check], optional: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The checked fields of wire map ``m``; missing (unless ``optional``: None), extra or
+    ill-typed -> OpLogCorrupt."""
     if type(m) is not dict:
         raise OpLogCorrupt(where, f"expected a map, got {type(m).__name__}")
     extra = sorted(map(repr, set(m) - set(checks)))
@@ -329,9 +658,9 @@ def _fields(m: Any, where: str, checks: dict[str, _Check], defaults: dict[str, A
     out: dict[str, Any] = {}
     for name, check in checks.items():
         if name not in m:
-            if defaults is None or name not in defaults:
+            if name not in optional:
                 raise OpLogCorrupt(f"{where}.{name}", "missing field")
-            out[name] = defaults[name]
+            out[name] = None
             continue
         problem = check(m[name])
         if problem is not None:
@@ -340,38 +669,11 @@ def _fields(m: Any, where: str, checks: dict[str, _Check], defaults: dict[str, A
     return out
 
 
-def _list(v: Any) -> str | None:
-    return None if type(v) is list else f"expected a list, got {type(v).__name__}"
-
-
-def _any(v: Any) -> None:
-    return None
-
-
-# Payloads written before these flags existed decode with them off (RFC compatibility rule).
-_PUT_END_DEFAULTS = {"hard_pinned": False, "soft_pin_enabled": False}
-_PUT_END_WIRE = dict(_PUT_END_CHECKS, replicas=_list)
-_ENTRY_WIRE: dict[str, _Check] = {"seq": _seq, "op": _enum(OpType), "tenant": _nonempty_str, "key": _key,
-                                  "payload": _any}
-_BATCH_WIRE: dict[str, _Check] = {"version": _str, "first_sequence_id": _seq, "count": _seq, "entries": _bin,
+_WIRE_ARRAYS = {**_ARRAYS, "key_offsets": "<i8", "key_bytes": "u1", "string_offsets": "<i8", "string_bytes": "u1"}
+_COLUMNS_WIRE: dict[str, _Check] = {**{name: _bin for name in _WIRE_ARRAYS}, "segments": _list}
+_BATCH_WIRE: dict[str, _Check] = {"version": _str, "first_sequence_id": _seq, "count": _seq, "columns": _bin,
                                   "checksum": lambda v: _u64(v) or (None if v <= 0xFFFFFFFF else "not a crc32")}
-
-
-def _payload_from_wire(op: OpType, m: Any, where: str) -> Payload:
-    if op is OpType.REMOVE:
-        if m is not None:
-            raise OpLogCorrupt(where, "REMOVE carries no payload")
-        return None
-    if op is OpType.PUT_END:
-        f = _fields(m, where, _PUT_END_WIRE, _PUT_END_DEFAULTS)
-        f["replicas"] = tuple(
-            _trusted(ReplicaDescriptor, _fields(r, f"{where}.replicas[{i}]", _REPLICA_CHECKS))
-            for i, r in enumerate(f["replicas"])
-        )
-        return _trusted(PutEndPayload, f)
-    return _trusted(SegmentPayload, _fields(m, where, _SEGMENT_CHECKS))
-
-
+_PIN_FLAGS = frozenset({"hard_pinned", "soft_pin_enabled"})
 _OPS = {int(op): op for op in OpType}
 
 
@@ -384,46 +686,13 @@ def decode_batch(data: bytes) -> OpLogBatch:
     if type(top) is dict and "version" in top and top["version"] != STANDBY_WIRE_VERSION:
         raise OpLogCorrupt("batch.version", f"{top['version']!r} is not {STANDBY_WIRE_VERSION!r}")
     f = _fields(top, "batch", _BATCH_WIRE)
-    first, count, blob = f["first_sequence_id"], f["count"], f["entries"]
+    first, count, blob = f["first_sequence_id"], f["count"], f["columns"]
     if first + count - 1 > _SEQ_MAX:
         raise OpLogCorrupt("batch.count", f"{count} entries from {first} overflow the sequence space")
     actual = _checksum(first, count, blob)
     if actual != f["checksum"]:
         raise OpLogChecksumError("batch.checksum", f"stored {f['checksum']:#010x}, computed {actual:#010x}")
-    try:
-        raw_entries = msgpack.unpackb(blob, raw=False, strict_map_key=True)
-    except Exception as exc:
-        raise OpLogCorrupt("batch.entries", f"not a msgpack list ({type(exc).__name__}: {exc})") from None
-    if type(raw_entries) is not list or len(raw_entries) != count:
-        got = len(raw_entries) if type(raw_entries) is list else type(raw_entries).__name__
-        raise OpLogCorrupt("batch.entries", f"expected a list of {count} entries, got {got}")
-    entries = []
-    for i, m in enumerate(raw_entries):
-        where = f"batch.entries[{i}]"
-        e = _fields(m, where, _ENTRY_WIRE)
-        if e["seq"] != first + i:
-            raise OpLogCorrupt(f"{where}.seq", f"sequence id {e['seq']}, expected {first + i} (non-contiguous)")
-        op = _OPS[e["op"]]
-        payload = _payload_from_wire(op, e["payload"], f"{where}.payload")
-        entries.append(_trusted(OpLogEntry, dict(sequence_id=e["seq"], op=op, tenant=e["tenant"], key=e["key"],
-                                                 payload=payload)))
-    # every field and the contiguity were checked above; keep the verified bytes (no re-encode)
-    return _trusted(OpLogBatch, dict(first_sequence_id=first, entries=tuple(entries), checksum=actual, _blob=blob))
-
-
-def trusted_replica(replica_id: int, kind: int, segment: str, offset: int, size: int, status: int,
-                    endpoint: str = "") -> ReplicaDescriptor:
-    """A descriptor built from engine columns, which are valid by construction (no re-check:
-    the primary's journal builds one per journaled object)."""
-    return _trusted(ReplicaDescriptor, dict(replica_id=replica_id, kind=kind, segment=segment, offset=offset,
-                                            size=size, status=status, endpoint=endpoint))
-
-
-def trusted_put_end(client: str, size: int, replicas: tuple[ReplicaDescriptor, ...], data_type: int,
-                    group_id: str, hard_pinned: bool, soft_pin_enabled: bool) -> PutEndPayload:
-    return _trusted(PutEndPayload, dict(client=client, size=size, replicas=replicas, data_type=data_type,
-                                        group_id=group_id, hard_pinned=hard_pinned, soft_pin_enabled=soft_pin_enabled))
-
-
-def trusted_op(op: OpType, tenant: str, key: str, payload: Payload) -> OpLogOp:
-    return _trusted(OpLogOp, dict(op=op, tenant=tenant, key=key, payload=payload))
+    batch = OpLogBatch(first, OpLogColumns.from_wire(blob, count, "batch.columns"))
+    # keep the verified bytes: re-encoding returns them unchanged
+    batch.__dict__.update(blob=blob, checksum=actual)
+    return batch

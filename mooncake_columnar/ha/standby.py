@@ -20,7 +20,6 @@ whose memory segments are all unreadable and whose leases are all NEVER_LEASED (
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -55,8 +54,8 @@ from ..snapshots.standby import (
     StandbySnapshotStore,
 )
 from ..snapshots.state import SnapshotState, with_usage
-from .apply import STANDBY_SEGMENT_BASE, apply_entries
-from .oplog import OpLogEntry
+from .apply import STANDBY_SEGMENT_BASE, apply_batch
+from .oplog import OpLogBatch, OpLogColumns
 from .writer import OpLogWriter
 from .stores import OpLogStore
 
@@ -220,7 +219,7 @@ class StandbyService:
         batches = self.store.read_batches(applied, limit)
         if not batches:
             raise OpLogGap(f"durable prefix is {prefix} but no batch holds sequence id {applied + 1}")
-        slices: list[tuple[OpLogEntry, ...]] = []
+        slices: list[OpLogColumns] = []
         expected = applied + 1
         for b in batches:
             if b.first_sequence_id > expected:
@@ -229,26 +228,26 @@ class StandbyService:
                 raise OpLogGap(f"batch {b.first_sequence_id}..{b.last_sequence_id} was read where sequence "
                                f"id {expected} was expected (history missing)")
             last = min(b.last_sequence_id, prefix)  # never past the prefix read above
-            slices.append(b.entries[expected - b.first_sequence_id:last - b.first_sequence_id + 1])
+            slices.append(b.columns.slice(expected - b.first_sequence_id, last - b.first_sequence_id + 1))
             expected = last + 1
             if last == prefix:
                 break
-        entries = list(itertools.chain.from_iterable(slices))
+        batch = OpLogBatch(applied + 1, OpLogColumns.concat(slices))  # one vectorized apply per poll
         t0 = time.perf_counter()
         try:
-            apply_entries(self._master, entries)
+            apply_batch(self._master, batch)
         except Exception as exc:
             self._failed = exc
             self.metrics.inc("standby_apply_failures")
             raise StandbyFailed(f"applying sequence ids {applied + 1}..{expected - 1}: {exc}") from exc
         self.applied_sequence_id = expected - 1
         m = self.metrics
-        m.inc("standby_applied_entries", len(entries))
+        m.inc("standby_applied_entries", batch.count)
         m.inc("standby_applied_batches", len(slices))
         m.inc("standby_apply_seconds", time.perf_counter() - t0)
         m.set("standby_applied_sequence_id", self.applied_sequence_id)
         m.set("standby_apply_lag_entries", prefix - self.applied_sequence_id)
-        return len(entries)
+        return batch.count
 
     # ---- standby snapshots ---------------------------------------------------------------------------
     def write_snapshot(self, *, compact: bool = False) -> str:

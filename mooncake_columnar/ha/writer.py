@@ -2,7 +2,9 @@
 
 Callers follow upstream's "hide before durable, release after durable" pattern: ``reserve`` first
 (before mutating anything; a refusal means "do not mutate"), then mutate, then ``submit`` the
-entries with a callback that finalizes the mutation once it is durable.
+entries (an :class:`OpLogColumns` body, or a few :class:`OpLogOp`) with a callback that finalizes
+the mutation once it is durable. Group commit slices and concatenates column bodies into batches
+of at most ``max_batch_entries`` (and at most the store's ``max_batch_bytes`` when it has one).
 
 Differences from upstream's OrderedOpLogWriter, on purpose:
 
@@ -35,12 +37,12 @@ from ..errors import (
     UnavailableInCurrentStatus,
     WindowFull,
 )
-from .oplog import OpLogBatch, OpLogEntry, OpLogOp
+from .oplog import OpLogBatch, OpLogColumns, OpLogOp, encode_batch
 from .stores import OpLogStore
 
 log = logging.getLogger(__name__)
 
-DurableCallback = Callable[[Sequence[OpLogEntry]], None]
+DurableCallback = Callable[[OpLogBatch], None]  # gets the reservation's entries
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class Reservation:
 class _Slot:
     reservation: Reservation
     reserved_at_ns: int
-    entries: tuple[OpLogEntry, ...] | None = None
+    body: OpLogColumns | None = None
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -143,27 +145,29 @@ class OpLogWriter:
             self._next += n
             return r
 
-    def submit(
-        self, reservation: Reservation, ops: Sequence[OpLogOp], on_durable: DurableCallback | None = None
-    ) -> None:
-        """Fill ``reservation`` with ``ops`` (one per id); ``on_durable(entries)`` runs once all are durable."""
+    def submit(self, reservation: Reservation, body: OpLogColumns | Sequence[OpLogOp],
+               on_durable: DurableCallback | None = None) -> None:
+        """Fill ``reservation`` with ``body`` (one entry per id); ``on_durable(batch)`` runs once all
+        are durable, with the reservation's entries as a batch."""
         if not isinstance(reservation, Reservation) or reservation._writer is not self:
             raise InvalidParams("reservation was not made by this writer")
-        ops = tuple(ops)
-        if len(ops) != reservation.count:
-            raise InvalidParams(f"reservation holds {reservation.count} ids, got {len(ops)} ops")
-        for i, op in enumerate(ops):
-            if not isinstance(op, OpLogOp):
-                raise InvalidParams(f"ops[{i}]: {type(op).__name__} is not an OpLogOp")
-        entries = tuple(op.at(reservation.first_sequence_id + i) for i, op in enumerate(ops))
+        if not isinstance(body, OpLogColumns):
+            ops = tuple(body)
+            for i, op in enumerate(ops):
+                if not isinstance(op, OpLogOp):
+                    raise InvalidParams(f"ops[{i}]: {type(op).__name__} is not an OpLogOp")
+            body = OpLogColumns.from_ops(ops)
+        if len(body) != reservation.count:
+            raise InvalidParams(f"reservation holds {reservation.count} ids, got {len(body)} ops")
         with self._lock:
             self._check_open()
             slot = self._slots.get(reservation.first_sequence_id)
-            if slot is None or slot.reservation is not reservation or slot.entries is not None:
+            if slot is None or slot.reservation is not reservation or slot.body is not None:
                 raise InvalidParams(f"reservation {reservation.first_sequence_id} was already submitted")
-            slot.entries = entries
+            slot.body = body
             if on_durable is not None:
-                heapq.heappush(self._callbacks, (reservation.last_sequence_id, next(self._order), on_durable, entries))
+                heapq.heappush(self._callbacks, (reservation.last_sequence_id, next(self._order), on_durable,
+                                                 OpLogBatch(reservation.first_sequence_id, body)))
         self._wake.set()
 
     def on_durable(self, seq: int, callback: Callable[[int], None]) -> None:
@@ -183,17 +187,43 @@ class OpLogWriter:
                 raise self._terminal
             batches = [self._retry] if self._retry is not None else []
             start = self._retry.last_sequence_id + 1 if self._retry is not None else self._durable + 1
-            run: list[OpLogEntry] = []
+            pieces: list[OpLogColumns] = []
             for slot in self._slots.values():
                 if slot.reservation.last_sequence_id < start:
                     continue
-                if slot.entries is None:
+                if slot.body is None:
                     break  # ordered: an unsubmitted reservation holds back everything after it
-                run.extend(e for e in slot.entries if e.sequence_id >= start)
-        for i in range(0, len(run), self.max_batch_entries):
-            chunk = run[i:i + self.max_batch_entries]
-            batches.append(OpLogBatch(chunk[0].sequence_id, tuple(chunk)))
+                skip = max(0, start - slot.reservation.first_sequence_id)
+                pieces.append(slot.body.slice(skip, len(slot.body)) if skip else slot.body)
+        # Cut the run of bodies into batches of max_batch_entries: slices, concatenated per batch.
+        chunk: list[OpLogColumns] = []
+        filled = 0
+        for piece in pieces:
+            pos = 0
+            while pos < len(piece):
+                take = min(self.max_batch_entries - filled, len(piece) - pos)
+                chunk.append(piece if take == len(piece) else piece.slice(pos, pos + take))
+                filled += take
+                pos += take
+                if filled == self.max_batch_entries:
+                    batches += self._fit(OpLogBatch(start, OpLogColumns.concat(chunk)))
+                    start += filled
+                    chunk, filled = [], 0
+        if chunk:
+            batches += self._fit(OpLogBatch(start, OpLogColumns.concat(chunk)))
         return batches
+
+    def _fit(self, batch: OpLogBatch) -> list[OpLogBatch]:
+        """``batch``, halved until each part encodes within the store's ``max_batch_bytes`` (etcd
+        refuses larger requests); a single entry that still does not fit is the store's error."""
+        limit = getattr(self.store, "max_batch_bytes", None)
+        if limit is None or batch.count == 1 or len(encode_batch(batch)) <= limit:
+            return [batch]
+        half = batch.count // 2
+        cols = batch.columns
+        return (self._fit(OpLogBatch(batch.first_sequence_id, OpLogColumns.concat([cols.slice(0, half)])))
+                + self._fit(OpLogBatch(batch.first_sequence_id + half,
+                                       OpLogColumns.concat([cols.slice(half, batch.count)]))))
 
     def _append(self, batch: OpLogBatch) -> None:
         try:
@@ -236,7 +266,7 @@ class OpLogWriter:
                     self._retry = None
                     self._durable = batch.last_sequence_id
                     self.batches_written += 1
-                    self.entries_written += len(batch.entries)
+                    self.entries_written += batch.count
                     while self._slots:
                         first = next(iter(self._slots))
                         if self._slots[first].reservation.last_sequence_id > self._durable:
