@@ -228,8 +228,12 @@ def test_unknown_op_rejected(op: int) -> None:
     assert ei.value.field == "batch.columns.op"
 
 
-def _tamper_offsets(columns: dict) -> None:
+def _decreasing_offsets(columns: dict) -> None:
     set_value(columns, "key_offsets", "<i8", 2, 1)  # row 1 ends before it starts
+
+
+def _empty_key(columns: dict) -> None:
+    set_value(columns, "key_offsets", "<i8", 2, column(columns, "key_offsets", "<i8")[1])
 
 
 @pytest.mark.parametrize("tamper, message, field", [
@@ -243,7 +247,9 @@ def _tamper_offsets(columns: dict) -> None:
     (lambda c: set_value(c, "replica_count", "<u4", 1, 3), "3 values, expected 4", "replica_id"),
     (lambda c: set_value(c, "client", "<i4", 0, 99), "outside the table", "client"),
     (lambda c: set_value(c, "replica_segment", "<i4", 0, -1), "outside the table", "replica_segment"),
-    (_tamper_offsets, "must not be empty", "key_offsets"),
+    (_decreasing_offsets, "offsets decrease", "key_offsets"),
+    (_empty_key, "must not be empty", "key_offsets"),
+    (lambda c: set_value(c, "string_offsets", "<i8", 1, 1_000), "offsets decrease", "string_offsets"),
     (lambda c: set_value(c, "key_offsets", "<i8", 5, 10_000), "must run from 0", "key_offsets"),
     (lambda c: c.update(key_bytes=c["key_bytes"].replace(b"k1", b"\xff1")), "UTF-8", "key_bytes"),
     (lambda c: c.update(string_bytes=b"\xc3" + c["string_bytes"][1:]), "UTF-8", "string_bytes"),

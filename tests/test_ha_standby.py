@@ -115,6 +115,45 @@ def test_follows_hand_built_batches_in_order(tmp_path: Path) -> None:
     assert m.get("standby_apply_lag_entries") == 0 and m.get("standby_applied_sequence_id") == 7
 
 
+def test_same_key_ops_in_one_batch_apply_in_sequence_order(tmp_path: Path) -> None:
+    """Within a batch the later op on a (tenant, key) wins, also across a segment op that splits
+    the batch into runs, and against objects applied by earlier batches."""
+    clocks = ManualClocks()
+    store = FileOpLogStore(tmp_path)
+    seg1 = SegmentPayload("seg1", "10.0.0.2:1", 1 << 24, "c1")
+    write_log(store, [mount(1), put(2, "x", 0), put(3, "y", 100)])
+    write_log(store, [
+        put(4, "a", 200), remove(5, "a"), put(6, "a", 300, hard=True),    # PUT_END, REMOVE, PUT_END: a stays
+        put(7, "b", 400), remove(8, "b"),                                 # PUT_END, REMOVE: b goes
+        remove(9, "x"), put(10, "x", 500, soft=True),                     # earlier x replaced
+        remove(11, "y"),                                                  # earlier y removed
+        put(12, "c", 600, tenant="t2"), put(13, "c", 700),                # same key, two tenants: both stay
+        mount(14, seg1),                                                  # a segment op splits the runs
+        put(15, "a", 0, segment="seg1"), put(16, "d", 800), remove(17, "d"), put(18, "d", 900),
+    ])
+    sb = standby(FileOpLogStore(tmp_path), clocks)
+    assert sb.poll() == 18
+    objects = sb.master.to_arrow()
+    assert sorted(zip(objects.column("tenant").to_pylist(), objects.column("key").to_pylist())) == [
+        ("default", "a"), ("default", "c"), ("default", "d"), ("default", "x"), ("t2", "c")]
+
+    def where(key: str, tenant: str = "default") -> tuple[str, int]:
+        r = sb.master.object_info(key, tenant_id=tenant).replicas[0]
+        return r.segment, r.address - 1
+
+    assert where("a") == ("seg1", 0) and not sb.master.object_info("a").hard_pinned  # the last PUT_END wins
+    assert where("x") == ("seg0", 500) and sb.master.object_info("x").soft_pin_enabled
+    assert where("c") == ("seg0", 700) and where("c", "t2") == ("seg0", 600)
+    assert where("d") == ("seg0", 900)
+    # the reference: the same entries applied one batch (and one poll) each
+    single = FileOpLogStore(tmp_path / "single")
+    write_log(single, *[[e] for b in store.read_batches(0) for e in b.entries])
+    one_by_one = standby(single, clocks, read_limit=1)
+    while one_by_one.poll():
+        pass
+    assert canonical(one_by_one.master) == canonical(sb.master)
+
+
 class Fake:
     """Wraps a store: a stale/regressing prefix, a failing Nth read, or extra batches."""
 

@@ -19,7 +19,16 @@ from mooncake_columnar.errors import (
     UnavailableInCurrentStatus,
     WindowFull,
 )
-from mooncake_columnar.ha.oplog import OpLogBatch, OpLogEntry, OpLogOp, OpType
+from mooncake_columnar.ha.oplog import (
+    OpLogBatch,
+    OpLogColumns,
+    OpLogEntry,
+    OpLogOp,
+    OpType,
+    PutEndPayload,
+    ReplicaDescriptor,
+    encode_batch,
+)
 from mooncake_columnar.ha.stores import FileOpLogStore
 from mooncake_columnar.ha.writer import OpLogWriter
 
@@ -158,6 +167,53 @@ def test_group_commit_batch_sizes(max_batch: int, reservations: list[int], sizes
     assert store.sizes() == sizes
     assert w.batches_written == len(sizes) and w.entries_written == sum(reservations)
     assert store.ids() == list(range(1, sum(reservations) + 1))
+
+
+def put(key: str, client: str, group: str) -> OpLogOp:
+    rep = ReplicaDescriptor(len(key), 0, f"seg-{client}", 64, 10, 3)
+    return OpLogOp(OpType.PUT_END, "default", key, PutEndPayload(client, 10, (rep,), 0, group))
+
+
+def test_column_bodies_are_sliced_across_batches_with_compact_string_tables() -> None:
+    w, store = make(max_batch_entries=4)
+    bodies = [[put(f"a{i}", "c1", f"g{i}") for i in range(6)], [rm("b")],
+              [put(f"c{i}", "c2", "") for i in range(5)]]
+    for ops in bodies:
+        w.submit(w.reserve(len(ops)), OpLogColumns.from_ops(ops))
+    w.flush()
+    assert store.sizes() == [4, 4, 4]
+    flat = [o.at(i + 1) for i, o in enumerate(o for ops in bodies for o in ops)]
+    assert [e for b in store.batches for e in b.entries] == flat
+    for b in store.batches:  # each batch carries only the strings its rows use, once
+        names = b.columns.strings.to_pylist()
+        assert len(names) == len(set(names))
+        assert set(names) == {s for e in b.entries for s in _strings(e)}
+
+
+def _strings(e: OpLogEntry) -> set[str]:
+    p = e.payload
+    if p is None:
+        return {e.tenant}
+    return {e.tenant, p.client, p.group_id} | {s for r in p.replicas for s in (r.segment, r.endpoint)}
+
+
+class LimitedStore(FakeStore):
+    """A store that refuses batches over ``max_batch_bytes`` (as etcd's request limit does)."""
+
+    max_batch_bytes = 600
+
+    def append_batch(self, batch: OpLogBatch) -> None:
+        assert len(encode_batch(batch)) <= self.max_batch_bytes or batch.count == 1
+        super().append_batch(batch)
+
+
+def test_batches_are_halved_to_fit_the_store_byte_limit() -> None:
+    w, store = make(LimitedStore(), max_batch_entries=64)
+    w.submit(w.reserve(40), [put(f"key-{i:04d}-" + "x" * 20, "c", "") for i in range(40)])
+    w.flush()
+    assert len(store.batches) > 1 and sum(store.sizes()) == 40
+    assert store.ids() == list(range(1, 41))
+    assert all(len(encode_batch(b)) <= LimitedStore.max_batch_bytes for b in store.batches)
 
 
 def test_failed_append_stays_pending_and_is_retried_unchanged() -> None:

@@ -32,7 +32,10 @@ _MEMORY = int(KIND_MEMORY)
 def _dictionary(codes: np.ndarray, name_of: Callable[[int], str]) -> tuple[np.ndarray, list[str]]:
     """Engine dictionary codes (-1: "") -> (batch-local codes, their strings). Python work is
     per distinct value, never per row."""
-    distinct, local = np.unique(codes, return_inverse=True)
+    if codes.size and (codes == codes[0]).all():  # the usual case (and every single-key call): one value
+        distinct, local = codes[:1], np.zeros(codes.size, np.int32)
+    else:
+        distinct, local = np.unique(codes, return_inverse=True)
     return local.astype(np.int32), [name_of(c) if c >= 0 else "" for c in distinct.tolist()]
 
 

@@ -498,8 +498,8 @@ class OpLogColumns:
                 raise OpLogCorrupt(f"{where}.{name}", f"{a[name].size} values, expected {want}")
 
         def enum(name: str) -> None:
-            ok, cls = _ENUM_COLUMNS[name]
-            check(name, ~ok[a[name]], lambda i: f"{a[name][i]} is not a {cls.__name__}")
+            ok, kind = _ENUM_COLUMNS[name]
+            check(name, ~ok[a[name]], lambda i: f"{a[name][i]} is not a {kind.__name__}")
 
         for name in _ROW_ARRAYS:
             length(name, count)
@@ -538,12 +538,12 @@ def _checked_strings(a: dict[str, np.ndarray], prefix: str, where: str, *, nonem
     if offsets.size == 0 or offsets[0] != 0 or offsets[-1] != data.size:
         raise OpLogCorrupt(field, f"must run from 0 to the {data.size} bytes of {prefix}_bytes")
     lengths = np.diff(offsets)
-    low, high = (1, MAX_KEY_BYTES) if nonempty else (0, data.size)
-    bad = (lengths < low) | (lengths > high)
-    if bad.any():
-        i = int(np.argmax(bad))
-        what = "must not be empty" if lengths[i] < low else f"longer than {high} bytes"
-        raise OpLogCorrupt(field, f"{what} (at index {i})")
+    checks = [(lengths < 0, "offsets decrease")]
+    if nonempty:
+        checks += [(lengths == 0, "must not be empty"), (lengths > MAX_KEY_BYTES, f"longer than {MAX_KEY_BYTES} bytes")]
+    for bad, what in checks:
+        if bad.any():
+            raise OpLogCorrupt(field, f"{what} (at index {int(np.argmax(bad))})")
     strings = _large_strings(offsets, data)
     try:
         strings.validate(full=True)  # UTF-8 of every value, in one pass
