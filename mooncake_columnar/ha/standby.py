@@ -55,7 +55,7 @@ from ..snapshots.standby import (
 )
 from ..snapshots.state import SnapshotState, with_usage
 from .apply import STANDBY_SEGMENT_BASE, apply_batch
-from .oplog import OpLogBatch, OpLogColumns
+from .oplog import OpLogBatch
 from .writer import OpLogWriter
 from .stores import OpLogStore
 
@@ -219,7 +219,7 @@ class StandbyService:
         batches = self.store.read_batches(applied, limit)
         if not batches:
             raise OpLogGap(f"durable prefix is {prefix} but no batch holds sequence id {applied + 1}")
-        slices: list[OpLogColumns] = []
+        slices: list[OpLogBatch] = []  # the unapplied part of each batch, all checked before any is applied
         expected = applied + 1
         for b in batches:
             if b.first_sequence_id > expected:
@@ -228,26 +228,29 @@ class StandbyService:
                 raise OpLogGap(f"batch {b.first_sequence_id}..{b.last_sequence_id} was read where sequence "
                                f"id {expected} was expected (history missing)")
             last = min(b.last_sequence_id, prefix)  # never past the prefix read above
-            slices.append(b.columns.slice(expected - b.first_sequence_id, last - b.first_sequence_id + 1))
+            whole = b.first_sequence_id == expected and b.last_sequence_id == last
+            slices.append(b if whole else OpLogBatch(expected, b.columns.slice(
+                expected - b.first_sequence_id, last - b.first_sequence_id + 1)))
             expected = last + 1
             if last == prefix:
                 break
-        batch = OpLogBatch(applied + 1, OpLogColumns.concat(slices))  # one vectorized apply per poll
         t0 = time.perf_counter()
         try:
-            apply_batch(self._master, batch)
+            for part in slices:  # in order; a batch's columns stay cache-sized through the apply
+                apply_batch(self._master, part)
         except Exception as exc:
             self._failed = exc
             self.metrics.inc("standby_apply_failures")
             raise StandbyFailed(f"applying sequence ids {applied + 1}..{expected - 1}: {exc}") from exc
         self.applied_sequence_id = expected - 1
+        count = self.applied_sequence_id - applied
         m = self.metrics
-        m.inc("standby_applied_entries", batch.count)
+        m.inc("standby_applied_entries", count)
         m.inc("standby_applied_batches", len(slices))
         m.inc("standby_apply_seconds", time.perf_counter() - t0)
         m.set("standby_applied_sequence_id", self.applied_sequence_id)
         m.set("standby_apply_lag_entries", prefix - self.applied_sequence_id)
-        return batch.count
+        return count
 
     # ---- standby snapshots ---------------------------------------------------------------------------
     def write_snapshot(self, *, compact: bool = False) -> str:
