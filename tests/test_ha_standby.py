@@ -272,9 +272,13 @@ def test_corrupted_checksum_fails_closed(tmp_path: Path) -> None:
     assert sb.applied_sequence_id == 0 and keys_of(sb.master) == []
 
 
-def test_unappliable_entry_makes_the_standby_terminal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("entries", [
+    [put(1, "a", 0)],                          # a replica on a segment never mounted
+    [mount(1), put(2, "a", 0, size=2**63)],    # a size the engine's int64 cannot hold
+], ids=["unknown-segment", "size-past-int64"])
+def test_unappliable_entry_makes_the_standby_terminal(tmp_path: Path, entries: list[OpLogEntry]) -> None:
     store = FileOpLogStore(tmp_path)
-    write_log(store, [put(1, "a", 0)])  # a replica on a segment never mounted
+    write_log(store, entries)
     sb = standby(store, ManualClocks())
     with pytest.raises(StandbyFailed):
         sb.poll()
