@@ -71,27 +71,46 @@ def eviction_targets(m: "MasterService") -> tuple[float, float] | None:
 
 
 class _Planner:
-    """Accumulates one cycle's planned rows across passes (a row is planned at most once)."""
+    """Accumulates one cycle's planned rows across passes (a row is planned at most once).
 
-    def __init__(self, m: "MasterService", now: int) -> None:
+    Candidates are census codes (NO_PIN_CANDIDATE, SOFT_PINNED_CANDIDATE); a planned row's code
+    becomes PLANNED (or PLANNED_SOFT, by the fallback), so later passes skip it.
+    """
+
+    def __init__(self, m: "MasterService", now: int, tenant: int = -1) -> None:
         self.m = m
         self.now = now
         o = m.objects
-        self.taken = np.zeros(o.high_water, np.uint8)  # 0 free, 1 no-pin pass, 2 soft fallback
+        self.codes, self.counts, self.skipped = ek.census(
+            now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
+            o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.segments.readable)
+        self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
+                        + self.counts[ek.SOFT_PINNED_CANDIDATE])
+        self.picked: list[np.ndarray] = []  # ascending row sets, while no pass had to walk groups
         self.count = 0
         self.freed_bytes = 0
 
-    def take(self, candidates: np.ndarray, want: int, allow_soft: bool, want_bytes: int = INT64_MAX) -> int:
-        """Plan up to ``want`` objects (or ``want_bytes``) from candidates, earliest lease first."""
-        if want <= 0 or candidates.size == 0:
+    def take(self, code: int, want: int, allow_soft: bool, want_bytes: int = INT64_MAX) -> int:
+        """Plan up to ``want`` candidates of ``code`` (or ``want_bytes``), earliest lease first."""
+        count = int(self.counts[code])
+        if want <= 0 or count == 0:
             return 0
         o = self.m.objects
+        mark = ek.PLANNED_SOFT if allow_soft else ek.PLANNED
+        if want_bytes == INT64_MAX and self.picked is not None:
+            # usual case: no group among the earliest candidates, so the plan is exactly that
+            # set, found without listing every candidate or sorting (plan() orders by row)
+            chosen = ek.earliest_coded(self.codes, code, count, o.lease_deadline_ns, want)
+            if not ek.any_grouped(chosen, o.flags):
+                return self._mark(chosen, code, mark)
+        self.picked = None  # from here on plan() lists the rows coded PLANNED*
+        candidates = ek.rows_coded(self.codes, code, o.lease_deadline_ns, None)
         planned = 0
         # order a bounded prefix first (upstream's reserve), everything only if churn ate it
-        for k in (self.count + want + max(1024, want // 10), candidates.size):
+        for k in (want + max(1024, want // 10), candidates.size):
             ordered = ek.earliest_first(candidates, o.lease_deadline_ns, k)
             n, freed = ek.plan(ordered, want - planned, want_bytes - self.freed_bytes, self.now, allow_soft,
-                               self.taken, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns, o.group_next,
+                               self.codes, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns, o.group_next,
                                o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
                                o.replica_refcnt, self.m.segments.readable)
             planned += n
@@ -101,24 +120,35 @@ class _Planner:
         self.count += planned
         return planned
 
+    def _mark(self, rows: np.ndarray, code: int, mark: int) -> int:
+        self.codes[rows] = mark
+        self.counts[code] -= rows.size
+        self.picked.append(rows)
+        self.count += rows.size
+        return int(rows.size)
+
     def plan(self) -> EvictionPlan:
         """Planned rows in row order, re-validated, with the replicas to drop and to keep."""
         o = self.m.objects
-        rows = np.flatnonzero(self.taken)
+        if self.picked is None:
+            rows = np.flatnonzero(self.codes >= ek.PLANNED)
+        else:
+            rows = np.sort(np.concatenate(self.picked)) if len(self.picked) > 1 else (
+                self.picked[0] if self.picked else np.zeros(0, np.int64))
         keep = np.empty(rows.size, np.bool_)
         removed = np.empty((rows.size, o.slots), np.bool_)
         remaining = np.empty((rows.size, o.slots), np.bool_)
-        ek.finalize(rows, self.taken, self.now, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
+        ek.finalize(rows, self.codes, self.now, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
                     o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
                     self.m.segments.readable, keep, removed, remaining)
         return EvictionPlan(rows[keep], removed[keep], remaining[keep])
 
 
-def _census(m: "MasterService", now: int, allow_soft: bool, tenant: int = -1):
-    o = m.objects
-    return ek.census(now, allow_soft, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns,
-                     o.soft_pin_deadline_ns, o.replica_status, o.replica_kind, o.replica_segment,
-                     o.replica_refcnt, m.segments.readable)
+def first_pass_plan(m: "MasterService", target: float) -> EvictionPlan:
+    """What a first pass at ``target`` would remove, without removing it."""
+    planner = _Planner(m, m.clocks.steady_ns())
+    planner.take(ek.NO_PIN_CANDIDATE, math.ceil(planner.base * target), allow_soft=False)
+    return planner.plan()
 
 
 def batch_evict(m: "MasterService", target: float, lower: float) -> EvictionReport:
@@ -127,13 +157,14 @@ def batch_evict(m: "MasterService", target: float, lower: float) -> EvictionRepo
     lower = min(lower, target)
     now = m.clocks.steady_ns()
     allow_soft = m.config.allow_evict_soft_pinned_objects
-    base, nopin, soft, skipped = _census(m, now, allow_soft)
+    planner = _Planner(m, now)
+    base, skipped = planner.base, planner.skipped
     m.metrics.inc("eviction_attempts")
     m.metrics.inc("eviction_skipped_unreadable_replicas", skipped)
     if base == 0:
         m.eviction_armed = False
         return EvictionReport(target, lower, 0, 0, 0, 0, skipped, 0, time.perf_counter() - t0)
-    planner = _Planner(m, now)
+    nopin, soft = ek.NO_PIN_CANDIDATE, ek.SOFT_PINNED_CANDIDATE
     planner.take(nopin, math.ceil(base * target), allow_soft=False)          # first pass
     released = m._release_discarded(m.clocks.system_ns() // 1_000_000)
     second = math.ceil(base * lower) - planner.count - released
@@ -160,12 +191,11 @@ def evict_tenant_for_quota(m: "MasterService", tenant: int, deficit_bytes: int) 
     """Free at least ``deficit_bytes`` of one tenant's expired objects; returns bytes freed."""
     now = m.clocks.steady_ns()
     allow_soft = m.config.allow_evict_soft_pinned_objects
-    _, nopin, soft, skipped = _census(m, now, allow_soft, tenant)
-    m.metrics.inc("eviction_skipped_unreadable_replicas", skipped)
-    planner = _Planner(m, now)
-    planner.take(nopin, nopin.size, allow_soft=False, want_bytes=deficit_bytes)
-    if planner.freed_bytes < deficit_bytes and allow_soft:
-        planner.take(soft, soft.size, allow_soft=True, want_bytes=deficit_bytes)
+    planner = _Planner(m, now, tenant)
+    m.metrics.inc("eviction_skipped_unreadable_replicas", planner.skipped)
+    for code, soft in ((ek.NO_PIN_CANDIDATE, False), (ek.SOFT_PINNED_CANDIDATE, True)):
+        if planner.freed_bytes < deficit_bytes and (allow_soft or not soft):
+            planner.take(code, int(planner.counts[code]), allow_soft=soft, want_bytes=deficit_bytes)
     _, freed, _ = m._apply_eviction(planner.plan())
     m.metrics.inc("tenant_evicted_bytes", freed, tenant=m.tenants.name(tenant))
     return freed

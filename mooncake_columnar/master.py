@@ -160,10 +160,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
     @_locked
     def eviction_plan(self, target: float) -> "ev.EvictionPlan":
         """What a first pass at ``target`` would remove, without removing it (oplog hook, tests)."""
-        planner = ev._Planner(self, self.clocks.steady_ns())
-        base, nopin, _, _ = ev._census(self, planner.now, False)
-        planner.take(nopin, int(np.ceil(base * target)), allow_soft=False)
-        return planner.plan()
+        return ev.first_pass_plan(self, target)
 
     def _apply_eviction(self, plan: "ev.EvictionPlan") -> tuple[int, int, int]:
         """Drop planned replicas (offloading instead where configured); returns
@@ -482,16 +479,12 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             return 0
         touched = np.unique(rows) if self._ledger_on else rows[:0]  # only the ledger needs them
         self._charge(touched, -1)
-        segs = o.replica_segment[rows, slots].astype(np.int64)
-        mem = (o.replica_kind[rows, slots] == int(KIND_MEMORY)) & (segs >= 0)
-        mem &= self.segments.allocatable[np.where(mem, segs, 0)]
         seg = self.segments
-        ak.free_extent_list(segs[mem], o.replica_offset[rows[mem], slots[mem]], o.size_bytes[rows[mem]],
-                            seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
-        o.replica_status[rows, slots] = 0
-        o.replica_segment[rows, slots] = -1
+        segs, offs, lens, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes, o.replica_status,
+                                                   o.replica_kind, o.replica_segment, o.replica_offset)
+        ak.free_extent_list(segs, offs, lens, seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
         self._charge(touched, +1)
-        return int(o.size_bytes[rows].sum())
+        return int(dropped)
 
     def _finalize_removed(self, rows: np.ndarray, replica_ids: np.ndarray) -> None:
         """Durable-callback of journaled removals (any thread): free what is still REMOVED."""

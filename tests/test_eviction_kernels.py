@@ -52,14 +52,20 @@ def slow_census(now, allow_soft, flags, lease, soft, status, kind, seg, refcnt, 
 def test_census_and_selection_match_slow_numpy(t, allow_soft, k):
     now, flags, lease, soft, status, kind, seg, refcnt, readable = t
     n = flags.size
-    base, nopin, softs, _ = ek.census(now, allow_soft, n, np.zeros(n, np.int32), -1, flags, lease, soft,
-                                      status, kind, seg, refcnt, readable)
+    codes, counts, _ = ek.census(now, n, np.zeros(n, np.int32), -1, flags, lease, soft,
+                                 status, kind, seg, refcnt, readable)
+    base = counts[ek.IN_BASE] + counts[ek.NO_PIN_CANDIDATE] + counts[ek.SOFT_PINNED_CANDIDATE]
+    nopin = ek.rows_coded(codes, ek.NO_PIN_CANDIDATE, lease, None)
+    softs = ek.rows_coded(codes, ek.SOFT_PINNED_CANDIDATE, lease, None) if allow_soft else nopin[:0]
     want = slow_census(now, allow_soft, flags, lease, soft, status, kind, seg, refcnt, readable)
     assert base == want[0]
     assert nopin.tolist() == want[1].tolist() and softs.tolist() == want[2].tolist()
+    assert counts[ek.NO_PIN_CANDIDATE] == nopin.size and counts.sum() == n
     chosen = ek.earliest_first(nopin, lease, k)
     expect = sorted(nopin.tolist(), key=lambda r: (lease[r], r))[:k]
     assert chosen.tolist() == expect
+    unsorted = ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, nopin.size, lease, k)
+    assert unsorted.tolist() == sorted(expect)
 
 
 def test_only_predicates_module_tests_pin_bits_or_compares_deadlines():
@@ -83,12 +89,15 @@ def test_only_predicates_module_tests_pin_bits_or_compares_deadlines():
                 assert "soft_deadline" not in text, f"{path.name}: {text}"
 
 
-def test_earliest_first_sampled_path_matches_full_sort():
+def test_sampled_selection_matches_full_sort():
     rng = np.random.default_rng(3)
     n = 600_000
     lease = rng.integers(-(2**62), 2**62, n)
     lease[rng.integers(0, n, 50_000)] = 7  # many ties
     rows = np.flatnonzero(rng.random(n) < 0.9)
+    codes = np.zeros(n, np.uint8)
+    codes[rows] = ek.NO_PIN_CANDIDATE
     for k in (1, 1000, 60_000, 100_000):
         expect = rows[np.lexsort((rows, lease[rows]))][:k]
         assert np.array_equal(ek.earliest_first(rows, lease, k), expect)
+        assert np.array_equal(ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, rows.size, lease, k), np.sort(expect))

@@ -22,13 +22,14 @@ _CHUNKS = 64
 def census_codes(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
                  status, kind, segment, refcnt, seg_readable):
     """Classify every row (in parallel chunks): NOT_IN_BASE, IN_BASE (evictable replica, lease
-    live), NO_PIN_CANDIDATE or SOFT_PINNED_CANDIDATE (lease expired). Also counts the complete
-    memory replicas kept out only by readability (the RFC guard's skipped replicas)."""
+    live), NO_PIN_CANDIDATE or SOFT_PINNED_CANDIDATE (lease expired). Returns (codes, rows per
+    code, complete memory replicas kept out only by readability: the RFC guard's skips)."""
     codes = np.zeros(rows_hw, np.uint8)
     chunk = (rows_hw + _CHUNKS - 1) // _CHUNKS
     skipped = np.zeros(_CHUNKS, np.int64)
+    per_code = np.zeros((_CHUNKS, 4), np.int64)
     for c in prange(_CHUNKS):
-        local_skipped = 0
+        local_skipped = in_base = no_pin = soft = 0
         for r in range(c * chunk, min(rows_hw, (c + 1) * chunk)):
             f = flags[r]
             if not is_live(f) or is_hard_pinned(f):
@@ -44,24 +45,58 @@ def census_codes(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
                 continue
             if not lease_expired(lease[r], now):
                 codes[r] = IN_BASE
+                in_base += 1
             elif soft_pin_active(f, soft_deadline[r], now):
                 codes[r] = SOFT_PINNED_CANDIDATE
+                soft += 1
             else:
                 codes[r] = NO_PIN_CANDIDATE
+                no_pin += 1
+        per_code[c, IN_BASE] = in_base
+        per_code[c, NO_PIN_CANDIDATE] = no_pin
+        per_code[c, SOFT_PINNED_CANDIDATE] = soft
+        rows_in_chunk = max(0, min(rows_hw, (c + 1) * chunk) - c * chunk)
+        per_code[c, NOT_IN_BASE] = rows_in_chunk - in_base - no_pin - soft
         skipped[c] = local_skipped
-    return codes, skipped.sum()
+    return codes, per_code.sum(axis=0), skipped.sum()
 
 
-def census(now: int, allow_soft: bool, rows_hw: int, tenant, only_tenant: int, flags, lease, soft_deadline,
-           status, kind, segment, refcnt, seg_readable):
-    """(eviction base, no-pin candidate rows, soft-pinned candidate rows, unreadable replicas
-    skipped); ``only_tenant`` >= 0 restricts everything to one tenant."""
-    codes, skipped = census_codes(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
-                                  status, kind, segment, refcnt, seg_readable)
-    base = rows_hw - int(np.count_nonzero(codes == NOT_IN_BASE))
-    nopin = np.flatnonzero(codes == NO_PIN_CANDIDATE)
-    soft = np.flatnonzero(codes == SOFT_PINNED_CANDIDATE) if allow_soft else np.zeros(0, np.int64)
-    return base, nopin, soft, int(skipped)
+# Codes the planner gives the rows it takes: by a no-pin pass, or by the soft-pinned fallback.
+PLANNED, PLANNED_SOFT = 4, 5
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def rows_coded(codes, code, lease, bound):
+    """Ascending rows whose code is ``code`` and, when ``bound`` is not None, whose deadline is
+    <= bound. One parallel pass: each chunk writes its matches at its own start of a row-sized
+    buffer (only the pages written are ever touched), then the chunks are packed."""
+    n = codes.shape[0]
+    chunk = (n + _CHUNKS - 1) // _CHUNKS
+    found = np.empty(n, np.int64)
+    count = np.zeros(_CHUNKS, np.int64)
+    for c in prange(_CHUNKS):
+        k = c * chunk
+        for r in range(c * chunk, min(n, (c + 1) * chunk)):
+            if codes[r] == code and (bound is None or lease[r] <= bound):
+                found[k] = r
+                k += 1
+        count[c] = k - c * chunk
+    out = np.empty(count.sum(), np.int64)
+    k = 0
+    for c in range(_CHUNKS):
+        out[k:k + count[c]] = found[c * chunk:c * chunk + count[c]]
+        k += count[c]
+    return out
+
+
+def census(now: int, rows_hw: int, tenant, only_tenant: int, flags, lease, soft_deadline,
+           status, kind, segment, refcnt, seg_readable) -> tuple[np.ndarray, np.ndarray, int]:
+    """(a code per row, rows per code, unreadable replicas skipped); ``only_tenant`` >= 0
+    restricts everything to one tenant. Candidates stay codes: listing 10M rows would cost more
+    than the rest of a cycle."""
+    codes, per_code, skipped = census_codes(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
+                                            status, kind, segment, refcnt, seg_readable)
+    return codes, per_code, int(skipped)
 
 
 _SAMPLE = 1 << 16
@@ -79,28 +114,89 @@ def _at_most(rows, lease, bound):
     return out[:n]
 
 
+@njit(cache=True, nogil=True)
+def _sample_coded(codes, code, lease, step):
+    """Deadlines of the rows with ``code`` among every ``step``-th row."""
+    out = np.empty((codes.shape[0] + step - 1) // step, np.int64)
+    n = 0
+    for r in range(0, codes.shape[0], step):
+        if codes[r] == code:
+            out[n] = lease[r]
+            n += 1
+    return out[:n]
+
+
+def _bound(sample: np.ndarray, k: int, count: int) -> int | None:
+    """A deadline that probably has a little more than k of ``count`` rows at or below it."""
+    if sample.size < 1024:
+        return None
+    sample = np.sort(sample)
+    return int(sample[min(sample.size - 1, int(sample.size * k / count * 1.25) + 64)])
+
+
+def _kth(rows: np.ndarray, lease: np.ndarray, k: int) -> int:
+    keys = lease[rows]
+    return int(keys[np.argpartition(keys, k - 1)[k - 1]])
+
+
 def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` rows with the earliest lease, sorted by (lease, row): deterministic on ties.
 
-    ``rows`` must be ascending (census output). A strided sample of the deadlines bounds the
-    k-th one, one pass keeps the rows at or below that bound, and only they are partitioned and
-    sorted; when the sample misjudges (too few kept) the whole set is used, so the result never
-    depends on the sample.
+    ``rows`` must be ascending. A strided sample of the deadlines bounds the k-th one, one pass
+    keeps the rows at or below that bound, and only they are partitioned and sorted; when the
+    sample misjudges (too few kept) the whole set is used, so the result never depends on it.
     """
     if k <= 0 or rows.size == 0:
         return rows[:0]
     k = min(k, rows.size)
-    if k < rows.size // 4 and rows.size > 4 * _SAMPLE:
-        sample = np.sort(lease[rows[:: rows.size // _SAMPLE]])
-        kept = _at_most(rows, lease, sample[min(sample.size - 1, int(sample.size * k / rows.size * 1.25) + 64)])
-        if kept.size >= k:
-            rows = kept
-    keys = lease[rows]
     if k < rows.size:
-        kth = keys[np.argpartition(keys, k - 1)[k - 1]]
-        rows = _at_most(rows, lease, kth)
-        keys = lease[rows]
-    return rows[np.argsort(keys, kind="stable")][:k]  # stable: ties stay in (ascending) row order
+        if k < rows.size // 4 and rows.size > 4 * _SAMPLE:
+            bound = _bound(lease[rows[:: rows.size // _SAMPLE]], k, rows.size)
+            kept = _at_most(rows, lease, bound)
+            rows = kept if kept.size >= k else rows
+        rows = _at_most(rows, lease, _kth(rows, lease, k))
+    return rows[np.argsort(lease[rows], kind="stable")][:k]  # stable: ties stay in (ascending) row order
+
+
+@njit(cache=True, nogil=True)
+def _before(rows, lease, kth, ties):
+    """Rows with a deadline before ``kth`` and the first ``ties`` rows at ``kth``, in input order."""
+    out = np.empty(rows.shape[0], np.int64)
+    n = 0
+    for i in range(rows.shape[0]):
+        d = lease[rows[i]]
+        if d < kth or (d == kth and ties > 0):
+            ties -= d == kth
+            out[n] = rows[i]
+            n += 1
+    return out[:n]
+
+
+def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, k: int) -> np.ndarray:
+    """The rows ``earliest_first(rows_coded(codes, code), lease, k)`` returns (``count`` rows have
+    ``code``), in ascending row order, without listing every candidate or sorting."""
+    if k <= 0 or count == 0:
+        return np.zeros(0, np.int64)
+    rows = None
+    if k < count // 4:
+        bound = _bound(_sample_coded(codes, code, lease, max(1, codes.size // _SAMPLE)), k, count)
+        if bound is not None:
+            rows = rows_coded(codes, code, lease, bound)
+            rows = rows if rows.size >= k else None
+    if rows is None:
+        rows = rows_coded(codes, code, lease, None)
+    if k >= rows.size:
+        return rows
+    kth = _kth(rows, lease, k)
+    return _before(rows, lease, kth, k - int(np.count_nonzero(lease[rows] < kth)))
+
+
+@njit(cache=True, nogil=True)
+def any_grouped(rows, flags):
+    for i in range(rows.shape[0]):
+        if is_grouped(flags[rows[i]]):
+            return True
+    return False
 
 
 @njit(cache=True, nogil=True)
@@ -125,7 +221,7 @@ def _evictable_bytes(r, sizes, status, kind, segment, refcnt, seg_readable):
 
 
 @njit(cache=True, nogil=True)
-def plan(ordered, want, want_bytes, now, allow_soft, taken, flags, lease, soft_deadline, group_next,
+def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_deadline, group_next,
          sizes, status, kind, segment, refcnt, seg_readable):
     """Walk census candidates in order until ``want`` objects (or ``want_bytes`` of evictable
     memory, tenant quota) are planned; a grouped candidate brings every safe member of its
@@ -134,21 +230,21 @@ def plan(ordered, want, want_bytes, now, allow_soft, taken, flags, lease, soft_d
     ``ordered`` comes from this cycle's census (same ``now``, same lock), so plain candidates are
     taken as they are; group members, which the census did not order, are checked with the
     shared predicate here, and every planned row is re-validated by :func:`finalize`.
-    ``taken`` marks rows already planned (shared across passes): 1 planned by a no-pin pass,
-    2 by the soft-pinned fallback. Returns (rows planned, bytes).
+    ``codes`` (the census codes, shared across passes) marks planned rows PLANNED or, by the
+    soft-pinned fallback, PLANNED_SOFT. Returns (rows planned, bytes).
     """
     n = 0
     freed = 0
-    mark = np.uint8(2 if allow_soft else 1)
+    mark = np.uint8(PLANNED_SOFT if allow_soft else PLANNED)
     count_bytes = want_bytes < 9223372036854775807
     for i in range(ordered.shape[0]):
         if n >= want or freed >= want_bytes:
             break
         r = ordered[i]
-        if taken[r]:
+        if codes[r] >= PLANNED:
             continue
         if not is_grouped(flags[r]):
-            taken[r] = mark
+            codes[r] = mark
             n += 1
             if count_bytes:
                 freed += _evictable_bytes(r, sizes, status, kind, segment, refcnt, seg_readable)
@@ -157,9 +253,9 @@ def plan(ordered, want, want_bytes, now, allow_soft, taken, flags, lease, soft_d
             continue
         m = r
         while True:  # safe members go; hard- or soft-pinned ones stay
-            if not taken[m] and is_eviction_candidate(m, now, allow_soft, flags, lease, soft_deadline,
+            if codes[m] < PLANNED and is_eviction_candidate(m, now, allow_soft, flags, lease, soft_deadline,
                                                      status, kind, segment, refcnt, seg_readable):
-                taken[m] = mark
+                codes[m] = mark
                 n += 1
                 if count_bytes:
                     freed += _evictable_bytes(m, sizes, status, kind, segment, refcnt, seg_readable)
@@ -169,15 +265,15 @@ def plan(ordered, want, want_bytes, now, allow_soft, taken, flags, lease, soft_d
     return n, freed
 
 
-@njit(cache=True, nogil=True)
-def finalize(rows, taken, now, flags, lease, soft_deadline, status, kind, segment, refcnt,
+@njit(cache=True, nogil=True, parallel=True)
+def finalize(rows, codes, now, flags, lease, soft_deadline, status, kind, segment, refcnt,
              seg_readable, keep, removed, remaining):
     """Re-validate planned rows (sorted by row: a streaming pass) with the shared predicate and
     mark, per row, the replicas eviction drops and those that remain (oplog PUT_END(remaining)).
     """
-    for i in range(rows.shape[0]):
+    for i in prange(rows.shape[0]):
         r = rows[i]
-        keep[i] = is_eviction_candidate(r, now, taken[r] == 2, flags, lease, soft_deadline,
+        keep[i] = is_eviction_candidate(r, now, codes[r] == PLANNED_SOFT, flags, lease, soft_deadline,
                                         status, kind, segment, refcnt, seg_readable)
         for j in range(status.shape[1]):
             drop = keep[i] and is_evictable_memory_replica(status[r, j], kind[r, j], segment[r, j],

@@ -10,7 +10,7 @@ An object's ``key_ref`` packs its arena offset and key length: ``(offset << 16) 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 EMPTY_SLOT = -1
 KEY_LENGTH_BITS = 16
@@ -121,29 +121,44 @@ def insert_row(table, row, h):
     table[i] = _slot_value(h, row)
 
 
-@njit(cache=True)
-def delete_row(table, row, h):
-    """Remove ``row`` and shift back the entries that probed past it."""
+@njit(inline="always", cache=True)
+def _delete_in(table, want, home, stop):
+    """Backward-shift delete of slot value ``want`` whose probe starts at ``home``, touching only
+    slots before slot ``stop`` (the end of the caller's window; -1: no limit). Returns 1 deleted,
+    0 absent, -1 not attempted (its probe run reaches ``stop``; nothing was changed)."""
     mask = table.shape[0] - 1
-    i = home_slot(h, mask)
-    want = _slot_value(h, row)
+    i = home
     while table[i] != want:
         if table[i] == EMPTY_SLOT:
-            return False
+            return 0
         i = (i + 1) & mask
+        if i == stop:
+            return -1
+    end = i  # the run after the hole must also end inside the window
+    while table[end] != EMPTY_SLOT:
+        end = (end + 1) & mask
+        if end == stop:
+            return -1
     j = i
     while True:
         j = (j + 1) & mask
         v = table[j]
         if v == EMPTY_SLOT:
             break
-        home = (v >> 32) & mask
+        vh = (v >> 32) & mask
         # move v into the hole at i unless its home lies cyclically in (i, j]
-        if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+        if (j > i and (vh <= i or vh > j)) or (j < i and (vh <= i and vh > j)):
             table[i] = v
             i = j
     table[i] = EMPTY_SLOT
-    return True
+    return 1
+
+
+@njit(cache=True)
+def delete_row(table, row, h):
+    """Remove ``row`` and shift back the entries that probed past it."""
+    mask = table.shape[0] - 1
+    return _delete_in(table, _slot_value(h, row), home_slot(h, mask), -1) == 1
 
 
 @njit(cache=True)
@@ -224,32 +239,113 @@ def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
 
 @njit(cache=True)
 def insert_rows(table, rows, arena, key_refs, row_tenant):
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        insert_row(table, r, row_hash(arena, key_refs, row_tenant, r))
+    """Insert rows whose keys are known to be absent (index rebuilds)."""
+    hs = np.empty(_BLOCK, np.uint64)
+    scratch = np.empty((3, _BLOCK), np.int64)
+    for b in range(0, rows.shape[0], _BLOCK):
+        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)
+        for t in range(m):
+            insert_row(table, rows[b + t], hs[t])
 
 
 @njit(inline="always", cache=True)
-def _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, touch):
+def _hash_block(rows, b, m, arena, key_refs, row_tenant, hs, scratch):
+    """Hash rows[b:b+m] into hs[:m] in two steps so their cache misses overlap: first load each
+    row's key_ref and tenant and touch its key bytes (short iterations: many misses in flight),
+    then hash the bytes, now in cache. Hashing straight away is latency-bound: the byte loop
+    fills the CPU's reorder window, so about one miss is in flight at a time."""
+    refs, tenants, touch = scratch[0], scratch[1], scratch[2]
+    for t in range(m):
+        r = rows[b + t]
+        ref = key_refs[r]
+        refs[t] = ref
+        tenants[t] = row_tenant[r]
+        if ref_length(ref):
+            touch[t] = arena[ref_offset(ref)] + arena[ref_offset(ref) + ref_length(ref) - 1]
+    for t in range(m):
+        hs[t] = hash_key(arena, ref_offset(refs[t]), ref_length(refs[t]), tenants[t])
+
+
+@njit(inline="always", cache=True)
+def _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch):
     """Hash rows[b:b+len(hs)] and load their home slots (independent misses overlap); returns the
     block length. The caller then probes with the hashes while the slots are in cache."""
     m = min(hs.shape[0], rows.shape[0] - b)
     mask = table.shape[0] - 1
+    _hash_block(rows, b, m, arena, key_refs, row_tenant, hs, scratch)
+    touch = scratch[2]
     for t in range(m):
-        hs[t] = row_hash(arena, key_refs, row_tenant, rows[b + t])
         touch[t] = table[home_slot(hs[t], mask)]
     return m
 
 
-@njit(cache=True)
-def delete_rows(table, rows, arena, key_refs, row_tenant):
-    """Delete many rows, a staged block at a time."""
+_REGIONS = 256
+_CHUNKS = 64
+_PARALLEL_DELETE_MIN = 4096  # below this, thread start-up costs more than it saves
+
+
+def delete_rows(table, rows, arena, key_refs, row_tenant) -> None:
+    """Delete rows from the index (absent ones are ignored)."""
+    if rows.shape[0] < _PARALLEL_DELETE_MIN:
+        _delete_rows_serial(table, rows, arena, key_refs, row_tenant)
+    else:
+        _delete_rows_parallel(table, rows, arena, key_refs, row_tenant)
+
+
+@njit(cache=True, nogil=True)
+def _delete_rows_serial(table, rows, arena, key_refs, row_tenant):
     hs = np.empty(_BLOCK, np.uint64)
-    touch = np.empty(_BLOCK, np.int64)
+    scratch = np.empty((3, _BLOCK), np.int64)
     for b in range(0, rows.shape[0], _BLOCK):
-        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, touch)
+        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)
         for t in range(m):
             delete_row(table, rows[b + t], hs[t])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
+    """Hashes in parallel, then the deletions bucketed by table region (a
+    region is ~1 MiB at 10M keys, so its probes stay in cache) and regions in parallel. A delete
+    only touches slots of its own region; the few whose probe run crosses a region boundary are
+    done afterwards, one at a time."""
+    n = rows.shape[0]
+    size = table.shape[0]
+    mask = size - 1
+    hs = np.empty(n, np.uint64)
+    blocks = (n + _BLOCK - 1) // _BLOCK
+    per_chunk = (blocks + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        scratch = np.empty((3, _BLOCK), np.int64)
+        for blk in range(c * per_chunk, min(blocks, (c + 1) * per_chunk)):
+            b = blk * _BLOCK
+            _hash_block(rows, b, min(_BLOCK, n - b), arena, key_refs, row_tenant, hs[b:], scratch)
+    regions = min(_REGIONS, size)
+    shift = 0
+    while (regions << shift) < size:
+        shift += 1
+    start = np.zeros(regions + 1, np.int64)
+    for i in range(n):
+        start[(home_slot(hs[i], mask) >> shift) + 1] += 1
+    for g in range(regions):
+        start[g + 1] += start[g]
+    fill = start[:-1].copy()
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        g = home_slot(hs[i], mask) >> shift
+        order[fill[g]] = i
+        fill[g] += 1
+    crossed = np.zeros(n, np.bool_)
+    for g in prange(regions):
+        lo = np.int64(g) << shift
+        for t in range(start[g], start[g + 1]):
+            i = order[t]
+            h = hs[i]
+            stop = (lo + (np.int64(1) << shift)) & mask
+            if _delete_in(table, _slot_value(h, rows[i]), home_slot(h, mask), stop) < 0:
+                crossed[i] = True
+    for i in range(n):
+        if crossed[i]:
+            delete_row(table, rows[i], hs[i])
 
 
 @njit(cache=True)
@@ -258,9 +354,9 @@ def insert_rows_unique(table, rows, arena, key_refs, row_tenant):
     first row whose (tenant, key) is already present, or -1. Used to load snapshots, where the
     index itself is the uniqueness check."""
     hs = np.empty(_BLOCK, np.uint64)
-    touch = np.empty(_BLOCK, np.int64)
+    scratch = np.empty((3, _BLOCK), np.int64)
     for b in range(0, rows.shape[0], _BLOCK):
-        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, touch)
+        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)
         for t in range(m):
             r = rows[b + t]
             ref = key_refs[r]

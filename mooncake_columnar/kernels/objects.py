@@ -432,3 +432,27 @@ def free_extents_of_segment(mask, code, capacity, sizes, rep_status, rep_kind, r
         lengths[k] = capacity - cursor
         k += 1
     return REBUILD_OK, starts[:k], lengths[:k], used
+
+
+@njit(cache=True, nogil=True)
+def clear_slots(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off):
+    """Clear replica slots (rows[i], slots[i]); returns the memory extents they held on
+    allocatable segments as (segment, offset, size) for one merged free, and the bytes dropped."""
+    n = rows.shape[0]
+    segs = np.empty(n, np.int64)
+    offs = np.empty(n, np.int64)
+    lens = np.empty(n, np.int64)
+    k = 0
+    dropped = 0
+    for i in range(n):
+        r, j = rows[i], slots[i]
+        s = rep_seg[r, j]
+        if rep_kind[r, j] == _MEM and s >= 0 and allocatable[s]:
+            segs[k] = s
+            offs[k] = rep_off[r, j]
+            lens[k] = sizes[r]
+            k += 1
+        dropped += sizes[r]
+        rep_status[r, j] = 0
+        rep_seg[r, j] = -1
+    return segs[:k], offs[:k], lens[:k], dropped
