@@ -136,7 +136,8 @@ from .bench_snapshot import bench_snapshot  # noqa: E402
 def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: float = 0.05,
                 show_progress: bool = False) -> dict:
     """One BatchEvict cycle of ``ratio`` over N expired objects with seeded random lease deadlines."""
-    build_master(1000, segments=segments, replicas=replicas).evict(target=ratio)  # JIT warm-up
+    # JIT warm-up, big enough for every path a large cycle takes (bulk index deletes are parallel)
+    build_master(100_000, segments=segments, replicas=replicas).evict(target=max(ratio, 0.05))
     clocks = ManualClocks()
     m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress, clocks=clocks)
     o = m.objects

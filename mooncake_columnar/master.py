@@ -28,7 +28,6 @@ from .schema import (
     FLAG_LIVE,
     FLAG_PENDING_SOFT_PIN,
     FLAG_PROCESSING,
-    KIND_MEMORY,
     MAX_KEY_BYTES,
     ST_PROCESSING,
     ObjectDataType,
@@ -181,7 +180,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             return int(rows.size), int((o.size_bytes[rows] * removed[hit].sum(axis=1)).sum()), queued
         r_idx, slot = np.nonzero(removed[hit])
         freed = self._drop_slots(rows[r_idx], slot)
-        self._erase_rows(rows[(o.replica_status[rows] == 0).all(axis=1)])
+        self._erase_rows(rows[(o.replica_status[rows] == 0).all(axis=1)], slots_cleared=True)
         return int(rows.size), freed, queued
 
     # ================================================================================ puts
@@ -474,16 +473,20 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
 
     def _drop_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
         """Free the memory extents of replica slots (rows[i], slots[i]) and clear them; returns bytes."""
-        o = self.objects
         if rows.size == 0:
             return 0
         touched = np.unique(rows) if self._ledger_on else rows[:0]  # only the ledger needs them
         self._charge(touched, -1)
-        seg = self.segments
+        dropped = self._clear_slots(rows, slots)
+        self._charge(touched, +1)
+        return dropped
+
+    def _clear_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
+        """Clear replica slots and free their memory extents in one merged pass; returns bytes."""
+        o, seg = self.objects, self.segments
         segs, offs, lens, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes, o.replica_status,
                                                    o.replica_kind, o.replica_segment, o.replica_offset)
         ak.free_extent_list(segs, offs, lens, seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
-        self._charge(touched, +1)
         return int(dropped)
 
     def _finalize_removed(self, rows: np.ndarray, replica_ids: np.ndarray) -> None:
@@ -518,9 +521,10 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             raise error_for_code(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, "oplog window full: nothing removed")
         return int(doomed.size)
 
-    def _erase_rows(self, rows: np.ndarray, *, charged: bool = True) -> None:
+    def _erase_rows(self, rows: np.ndarray, *, charged: bool = True, slots_cleared: bool = False) -> None:
         """Drop objects: free their memory extents, unlink groups and keys, cancel offloads,
-        recycle rows. ``charged=False``: the caller already took them off the tenant ledger."""
+        recycle rows. ``charged=False``: the caller already took them off the tenant ledger;
+        ``slots_cleared``: the rows hold no replica any more (nothing to free)."""
         rows = np.asarray(rows, np.int64)
         if rows.size == 0:
             return
@@ -529,15 +533,9 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         if len(self.offloads):
             self.offloads.keep(~np.isin(self.offloads.rows, rows))
         o = self.objects
-        seg = self.segments
-        st = o.replica_status[rows]
-        segs = o.replica_segment[rows]
-        live_mem = (st != int(ReplicaStatus.UNDEFINED)) & (o.replica_kind[rows] == int(KIND_MEMORY)) & (segs >= 0)
-        live_mem &= seg.allocatable[np.where(live_mem, segs, 0)]
-        r_idx, slot = np.nonzero(live_mem)
-        ak.free_extent_list(segs[r_idx, slot].astype(np.int64), o.replica_offset[rows[r_idx], slot],
-                            o.size_bytes[rows[r_idx]], seg.extent_starts, seg.extent_lengths,
-                            seg.extent_counts, seg.used)
+        if not slots_cleared:
+            r_idx, slot = np.nonzero(o.replica_status[rows] != int(ReplicaStatus.UNDEFINED))
+            self._clear_slots(rows[r_idx], slot)
         ok.unlink_group_members(rows, self.group_head, o.group_next, o.group, o.flags)
         self.inflight.release(o.inflight[rows])
         self.keys.remove(rows)
