@@ -112,7 +112,7 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
     # is ~10x slower than v2, so it is sampled and compared per object
     k = min(objects, v1_sample_objects)
     if k:
-        state = _uuid_clients(_prefix(m.export_state(), k))
+        state = _uuid_clients(_prefix(m.export_state().plain(), k))
         t0 = time.perf_counter()
         payloads = encode_v1(state, system_now_ns=clocks.system_ns(), steady_now_ns=clocks.steady_ns())
         v1_encode_s = time.perf_counter() - t0

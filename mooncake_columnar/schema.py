@@ -135,3 +135,20 @@ SEGMENTS_ARROW_SCHEMA = pa.schema([
     pa.field("used", pa.int64(), nullable=False),
     pa.field("readable", pa.bool_(), nullable=False),
 ])
+
+# ---- v2 snapshot payload layout ------------------------------------------------------------------
+# The same columns as above, with the low-cardinality name columns dictionary-encoded (the
+# engine's int32 codes plus its string dictionary: no per-row string work, a few bytes per row)
+# and keys as large_string (the engine's int64 key offsets, no 2 GiB limit). The dictionary index
+# may be any of NAME_INDEX_TYPES (the narrowest that fits); schemas compare with int32 indices.
+NAME_INDEX_TYPES = (pa.int8(), pa.int16(), pa.int32())
+NAME_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
+
+
+def _encoded(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
+    return pa.schema([f.with_type(NAME_DICTIONARY) if f.name in names
+                      else f.with_type(pa.large_string()) if f.name == "key" else f for f in schema])
+
+
+OBJECTS_PAYLOAD_SCHEMA = _encoded(OBJECTS_ARROW_SCHEMA, ("tenant", "client", "group"))
+REPLICAS_PAYLOAD_SCHEMA = _encoded(REPLICAS_ARROW_SCHEMA, ("segment",))

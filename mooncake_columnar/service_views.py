@@ -60,20 +60,23 @@ class ViewsMixin:
 
     @_locked
     def export_state(self) -> "SnapshotState":
-        """The whole state as Arrow tables (steady-ns deadlines of this process)."""
-        from .snapshots.state import SnapshotState
-        objects, replicas, segments = export_tables(self)
-        return SnapshotState(objects, replicas, segments, self.next_replica_id)
+        """The whole state as Arrow tables (plain layout: string name columns), steady-ns
+        deadlines of this process. Snapshots use the encoded layout straight from
+        ``store.arrow_io`` instead (no per-row strings)."""
+        return export_tables(self).plain()
 
     @classmethod
     def from_state(cls, state: "SnapshotState", *, config: MasterConfig | None = None,
-                   clocks: Clocks | None = None, segments_readable: bool = True) -> "MasterService":
-        """A master rebuilt from a validated SnapshotState whose deadlines are already in this
-        process's steady domain. ``segments_readable=False`` restores every segment with an
-        invalid endpoint (standby promotion: unreadable until its client remounts)."""
-        state.validate(check_unique_keys=False)  # loading the key index checks uniqueness
+                   clocks: Clocks | None = None, segments_readable: bool = True,
+                   validated: bool = False) -> "MasterService":
+        """A master rebuilt from a SnapshotState (either layout) whose deadlines are already in
+        this process's steady domain. ``segments_readable=False`` restores every segment with an
+        invalid endpoint (standby promotion: unreadable until its client remounts).
+        ``validated``: the caller already ran ``state.validate`` on it (a snapshot decode)."""
+        if not validated:
+            state.validate(check_unique_keys=False)  # loading the key index checks uniqueness
         m = cls(config, clocks=clocks, initial_capacity=max(1024, state.objects.num_rows))
-        load_tables(m, state.objects, state.replicas, state.segments, segments_readable=segments_readable)
+        load_tables(m, state, segments_readable=segments_readable)
         m.next_replica_id = max(m.next_replica_id, int(state.replica_next_id))
         m._charge(m.objects.live_rows(), +1)  # rebuild tenant usage from the restored replicas
         now = m.clocks.steady_ns()
@@ -85,27 +88,7 @@ class ViewsMixin:
         return self._group_names[int(self.objects.group[row])] if self.objects.flags[row] & FLAG_GROUPED else ""
 
     def _objects_table(self) -> pa.Table:
-        o = self.objects
-        rows = o.live_rows()
-        f = o.flags[rows]
-        group = np.where((f & FLAG_GROUPED) != 0, o.group[rows], -1)
-        cols = {
-            "tenant": self.tenants.decode(o.tenant[rows]),
-            "key": self.keys.keys_of(rows).cast(pa.string()),
-            "client": self.clients.decode(o.client[rows]),
-            "size_bytes": o.size_bytes[rows],
-            "data_type": o.data_type[rows],
-            "group": pa.array(self._group_names + [""], pa.string()).take(
-                pa.array(np.where(group < 0, len(self._group_names), group).astype(np.int32))),
-            "hard_pinned": (f & FLAG_HARD_PINNED) != 0,
-            "soft_pin_enabled": (f & FLAG_SOFT_PIN_ENABLED) != 0,
-            "lease_deadline_ns": o.lease_deadline_ns[rows],
-            "soft_pin_deadline_ns": o.soft_pin_deadline_ns[rows],
-            "put_start_time_ms": self._put_start_time_ms(rows),
-            "processing": (f & FLAG_PROCESSING) != 0,
-            "replica_count": (o.replica_status[rows] != 0).sum(axis=1).astype(np.int32),
-        }
-        return pa.table(cols, schema=OBJECTS_ARROW_SCHEMA)
+        return export_tables(self).objects.cast(OBJECTS_ARROW_SCHEMA)
 
     @_locked
     def object_count(self) -> int:

@@ -16,7 +16,7 @@ def test_from_state_rejects_duplicate_keys(clocks):
         m.put_start(k, 8, client_id="client0")
         m.put_end(k, client_id="client0")
     s = m.export_state()
-    objects = s.objects.set_column(1, s.objects.schema.field("key"), pa.array(["a", "a"], pa.string()))
+    objects = s.objects.set_column(1, s.objects.schema.field("key"), pa.array(["a", "a"], s.objects.schema.field("key").type))
     with pytest.raises(SnapshotIntegrityError, match="duplicate"):
         MasterService.from_state(SnapshotState(objects, s.replicas, s.segments, s.replica_next_id),
                                  config=m.config, clocks=clocks)

@@ -16,11 +16,12 @@ from typing import Callable, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..clock import Clocks
 from ..errors import ClockConversionError, ManifestError, NoUsableSnapshot
 from ..schema import ST_COMPLETE
-from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, encode_state
+from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, state_payloads
 from .convert import convert_steady_deadlines
 from .manifest import SnapshotManifest, parse_manifest, snapshot_id_for, v2_manifest
 from .mooncake_v1 import V1_FILES, decode_v1
@@ -50,7 +51,7 @@ def _write(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int,
            steady_now_ns: int, compression: str | None) -> str:
     snapshot_id = snapshot_id_for(system_now_ns)
     manifest = v2_manifest(snapshot_id, system_now_ns, steady_now_ns).encode()
-    repo.publish(snapshot_id, encode_state(state, compression), manifest)
+    repo.publish(snapshot_id, state_payloads(state, compression), manifest)
     return snapshot_id
 
 
@@ -83,12 +84,18 @@ def convert_v2_state(state: SnapshotState, manifest: SnapshotManifest, *,
 
 def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
                   ) -> tuple[SnapshotState, int]:
-    """Apply complete-snapshot cleanup at steady time ``now_ns``; returns (state, objects dropped)."""
+    """Apply complete-snapshot cleanup at steady time ``now_ns``; returns (state, objects dropped).
+
+    When nothing is dropped (every replica COMPLETE, no expired object to drop) the tables are
+    returned as they are: no filtered copies.
+    """
     objects, replicas = state.objects, state.replicas
     n = objects.num_rows
     rep_keep = replicas.column("status").to_numpy() == ST_COMPLETE
+    all_complete = bool(rep_keep.all())
     obj_index = replicas.column("object_index").to_numpy()
-    complete_count = np.bincount(obj_index[rep_keep], minlength=n)
+    complete_count = (objects.column("replica_count").to_numpy() if all_complete
+                      else np.bincount(obj_index[rep_keep], minlength=n))
     keep = complete_count > 0  # hard pin does not hide unrecoverable in-progress state
     if drop_expired:
         lease = objects.column("lease_deadline_ns").to_numpy()
@@ -96,6 +103,13 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
         hard = objects.column("hard_pinned").to_numpy(zero_copy_only=False)
         expired = (lease <= now_ns) & (soft <= now_ns)  # upstream: expired when now >= deadline
         keep &= hard | ~expired
+    if all_complete and keep.all():
+        if not pc.any(objects.column("processing")).as_py():
+            return state, 0
+        # only flags to clear: a processing object whose replicas are all complete
+        idx = objects.schema.get_field_index("processing")
+        return dataclasses.replace(state, objects=objects.set_column(
+            idx, objects.schema.field("processing"), pa.array(np.zeros(n, np.bool_)))), 0
     new_index = np.cumsum(keep, dtype=np.int64) - 1
     rep_keep &= keep[obj_index]
     replicas = replicas.filter(pa.array(rep_keep))
@@ -128,7 +142,7 @@ def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks,
                                  restore_system_ns=restore_system_ns,
                                  restore_steady_ns=restore_steady_ns)
     else:
-        payloads = repo.read_payloads(snapshot_id, V1_FILES)
+        payloads = {k: bytes(v) for k, v in repo.read_payloads(snapshot_id, V1_FILES).items()}
         state = decode_v1(payloads, restore_system_ns=restore_system_ns,
                           restore_steady_ns=restore_steady_ns)
     return state, manifest, restore_steady_ns
@@ -148,8 +162,9 @@ def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
                         build_checks_unique_keys: bool = False) -> tuple[T, SnapshotManifest, RestoreStats]:
     """:func:`restore_latest`, with ``build`` (e.g. rebuilding the engine) run on each cleaned
     candidate inside the candidate's failure scope: if ``build`` raises, the candidate fails as a
-    whole and the next one is tried. ``build_checks_unique_keys``: the builder rejects duplicate
-    (tenant, key) itself (MasterService.from_state does, while loading its key index)."""
+    whole and the next one is tried. The state ``build`` gets is validated already (cleanup keeps
+    it so). ``build_checks_unique_keys``: the builder rejects duplicate (tenant, key) itself
+    (MasterService.from_state does, while loading its key index)."""
     stats = RestoreStats()
     for snapshot_id in repo.candidates():
         stats.candidates_tried += 1

@@ -10,7 +10,9 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import InvalidParams, SnapshotPayloadError, SnapshotPublishError
@@ -19,6 +21,23 @@ from .manifest import MANIFEST_FILE, is_valid_snapshot_id
 LATEST_FILE = "latest.txt"
 DEFAULT_CLUSTER_ID = "mooncake_cluster"
 SAVE_BACKUP_DIR = "mooncake_snapshot_save_backup"
+
+
+# What a file is written from: bytes-like, or an object that streams itself (``write_to(sink)``,
+# e.g. arrow_codec.IpcPayload: the Arrow file is produced straight into the destination).
+Data = bytes | pa.Buffer | Any
+
+
+def stored_size(data: Data) -> int:
+    """Bytes ``data`` occupies once written (a streamed payload knows after its write)."""
+    return data.size if hasattr(data, "write_to") else len(data)
+
+
+def _write(out: pa.NativeFile, data: Data) -> None:
+    if hasattr(data, "write_to"):
+        data.write_to(out)
+    else:
+        out.write(data)
 
 
 @dataclass(frozen=True)
@@ -55,23 +74,29 @@ class SnapshotRepository:
     def _path(self, *parts: str) -> str:
         return "/".join((self.base, *parts))
 
-    def _put(self, path: str, data: bytes) -> None:
+    def _put(self, path: str, data: Data) -> None:
         if self._local:
             self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             try:
                 with self.fs.open_output_stream(tmp) as out:
-                    out.write(data)
+                    _write(out, data)
                 self.fs.move(tmp, path)
             finally:
                 if self.fs.get_file_info(tmp).type != pafs.FileType.NotFound:
                     self.fs.delete_file(tmp)
         else:
             with self.fs.open_output_stream(path) as out:
-                out.write(data)
+                _write(out, data)
 
-    def _get(self, path: str) -> bytes:
+    def _get(self, path: str) -> bytes | pa.Buffer:
+        """A file's bytes; a local file is memory-mapped (zero-copy: decoding reads the page
+        cache in place). Published files are never rewritten, only deleted, which a mapping
+        survives."""
         try:
+            if self._local:
+                with pa.memory_map(path) as f:
+                    return f.read_buffer()
             with self.fs.open_input_stream(path) as f:
                 return f.readall()
         except FileNotFoundError:
@@ -81,8 +106,8 @@ class SnapshotRepository:
         return self.fs.get_file_info(path).type != pafs.FileType.NotFound
 
     # ---- publication ----------------------------------------------------------------------------
-    def publish(self, snapshot_id: str, payloads: dict[str, bytes], manifest: str) -> None:
-        """Upload payloads, then ``manifest.txt`` LAST, then ``latest.txt``.
+    def publish(self, snapshot_id: str, payloads: dict[str, Data], manifest: str) -> None:
+        """Upload payloads (in order), then ``manifest.txt`` LAST, then ``latest.txt``.
 
         Without a backup dir the first failure raises. With one, every payload upload is attempted
         (upstream behaviour); on any failure the manifest is not published, and every payload, the
@@ -124,14 +149,15 @@ class SnapshotRepository:
             raise SnapshotPublishError(f"snapshot {snapshot_id}: upload failed for {failed}; "
                                        f"saved to {self.backup_dir}", tuple(failed))
 
-    def _save_backup(self, snapshot_id: str, payloads: dict[str, bytes], manifest: bytes) -> None:
+    def _save_backup(self, snapshot_id: str, payloads: dict[str, Data], manifest: bytes) -> None:
         assert self.backup_dir is not None
         target = self.backup_dir / SAVE_BACKUP_DIR / snapshot_id
         target.mkdir(parents=True, exist_ok=True)
         files = {**payloads, MANIFEST_FILE: manifest, LATEST_FILE: snapshot_id.encode()}
         for name, data in files.items():
             tmp = target / f".{name}.tmp-{uuid.uuid4().hex}"
-            tmp.write_bytes(data)
+            with pa.OSFile(str(tmp), "wb") as out:
+                _write(out, data)
             tmp.replace(target / name)
 
     # ---- discovery ------------------------------------------------------------------------------
@@ -148,7 +174,7 @@ class SnapshotRepository:
         if not self._exists(path):
             return None
         try:
-            text = self._get(path).decode("ascii").strip()
+            text = bytes(self._get(path)).decode("ascii").strip()
         except UnicodeDecodeError:
             return None
         return text if is_valid_snapshot_id(text) else None
@@ -166,9 +192,9 @@ class SnapshotRepository:
 
     # ---- reading --------------------------------------------------------------------------------
     def read_manifest(self, snapshot_id: str) -> bytes:
-        return self._get(self._path(snapshot_id, MANIFEST_FILE))
+        return bytes(self._get(self._path(snapshot_id, MANIFEST_FILE)))
 
-    def read_payloads(self, snapshot_id: str, names: tuple[str, ...]) -> dict[str, bytes]:
+    def read_payloads(self, snapshot_id: str, names: tuple[str, ...]) -> dict[str, bytes | pa.Buffer]:
         return {name: self._get(self._path(snapshot_id, name)) for name in names}
 
     def read(self, snapshot_id: str) -> SnapshotFiles:
@@ -180,7 +206,8 @@ class SnapshotRepository:
         names = tuple(info.base_name for info in self.fs.get_file_info(selector)
                       if info.type == pafs.FileType.File and info.base_name != MANIFEST_FILE
                       and ".tmp-" not in info.base_name)  # leftovers of interrupted local writes
-        return SnapshotFiles(snapshot_id, manifest, self.read_payloads(snapshot_id, names))
+        return SnapshotFiles(snapshot_id, manifest,
+                             {k: bytes(v) for k, v in self.read_payloads(snapshot_id, names).items()})
 
     # ---- retention ------------------------------------------------------------------------------
     def retain(self, count: int) -> list[str]:

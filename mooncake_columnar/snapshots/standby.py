@@ -38,7 +38,6 @@ from .arrow_codec import (
     OBJECTS_FILE,
     REPLICAS_FILE,
     SEGMENTS_FILE,
-    Payload,
     digest_of,
     verify_digest,
 )
@@ -127,16 +126,16 @@ def _ipc(table: pa.Table) -> pa.Buffer:
     return sink.getvalue()
 
 
-def encode_standby(snapshot: StandbySnapshot) -> dict[str, Payload]:
+def encode_standby(snapshot: StandbySnapshot) -> dict[str, bytes | pa.Buffer]:
     """The three Arrow files and their digest (the manifest carries the sequence id)."""
     snapshot.validate()
-    payloads: dict[str, Payload] = {OBJECTS_FILE: _ipc(snapshot.objects), REPLICAS_FILE: _ipc(snapshot.replicas),
+    payloads: dict[str, bytes | pa.Buffer] = {OBJECTS_FILE: _ipc(snapshot.objects), REPLICAS_FILE: _ipc(snapshot.replicas),
                                     SEGMENTS_FILE: _ipc(snapshot.segments)}
-    payloads[DIGEST_FILE] = digest_of(payloads)
+    payloads[DIGEST_FILE] = digest_of(payloads, version=1)  # sha256: the standby wire's own digest
     return payloads
 
 
-def _read(data: Payload, name: str) -> pa.Table:
+def _read(data: bytes | pa.Buffer, name: str) -> pa.Table:
     try:
         return pa.ipc.open_file(pa.py_buffer(data)).read_all().replace_schema_metadata(None)
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
@@ -153,7 +152,7 @@ def _with_default_flags(objects: pa.Table) -> pa.Table:
     return objects
 
 
-def decode_standby(payloads: dict[str, Payload], last_sequence_id: int) -> StandbySnapshot:
+def decode_standby(payloads: dict[str, bytes | pa.Buffer], last_sequence_id: int) -> StandbySnapshot:
     """Verify the digest and schemas; raise a typed SnapshotError on any deviation."""
     verify_digest(payloads)
     return StandbySnapshot(

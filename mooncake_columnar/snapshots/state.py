@@ -4,6 +4,12 @@ The engine exports one (``MasterService.export_state()``) and is rebuilt from on
 (``MasterService.from_state``). Three Arrow tables with exactly the schemas of :mod:`schema`;
 deadline columns are steady-clock ns of the process that produced the state, ``INT64_MIN`` meaning
 never leased / no soft-pin interval (sentinels, never nulls). Validation is vectorized.
+
+Each table is in one of two layouts with the same columns and meaning: *plain* (the
+``*_ARROW_SCHEMA``: name columns as strings) or *encoded* (the ``*_PAYLOAD_SCHEMA`` of the v2
+payload: tenant/client/group/segment dictionary-encoded, keys large_string). The engine exports
+and the v2 codec reads the encoded layout (no per-row string work); :meth:`SnapshotState.plain`
+and :meth:`SnapshotState.encoded` convert, and every check below accepts either.
 """
 from __future__ import annotations
 
@@ -17,8 +23,12 @@ import pyarrow.compute as pc
 from ..errors import SnapshotIntegrityError, SnapshotSchemaError
 from ..schema import (
     KIND_MEMORY,
+    NAME_DICTIONARY,
+    NAME_INDEX_TYPES,
     OBJECTS_ARROW_SCHEMA,
+    OBJECTS_PAYLOAD_SCHEMA,
     REPLICAS_ARROW_SCHEMA,
+    REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
     ST_REMOVED,
 )
@@ -26,19 +36,83 @@ from ..schema import (
 UINT64_MAX = 2**64 - 1
 
 
-def check_table(table: pa.Table, schema: pa.Schema, name: str) -> None:
-    """Exact schema (names, types, nullability; metadata ignored) and no nulls."""
+def _canonical(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every name-dictionary index type widened to int32 (for comparison)."""
+    return pa.schema([f.with_type(NAME_DICTIONARY)
+                      if pa.types.is_dictionary(f.type) and f.type.index_type in NAME_INDEX_TYPES
+                      and f.type.value_type == pa.string() and not f.type.ordered else f
+                      for f in schema], metadata=schema.metadata)
+
+
+def check_table(table: pa.Table, schema: pa.Schema | tuple[pa.Schema, ...], name: str) -> pa.Schema:
+    """Exact schema (names, types, nullability; metadata ignored; any of ``schema`` when a tuple)
+    and no nulls, in the values of dictionary columns too; returns the schema matched."""
     if not isinstance(table, pa.Table):
         raise SnapshotSchemaError(f"{name}: expected a pyarrow.Table, got {type(table).__name__}")
-    if not table.schema.equals(schema, check_metadata=False):
-        raise SnapshotSchemaError(f"{name}: schema mismatch:\n{table.schema}\nexpected:\n{schema}")
+    schemas = schema if isinstance(schema, tuple) else (schema,)
+    canonical = _canonical(table.schema)
+    matched = next((s for s in schemas if canonical.equals(s, check_metadata=False)), None)
+    if matched is None:
+        raise SnapshotSchemaError(f"{name}: schema mismatch:\n{table.schema}\nexpected:\n{schemas[0]}")
     for field, column in zip(table.schema, table.columns):
-        if column.null_count:
-            raise SnapshotSchemaError(f"{name}.{field.name}: {column.null_count} nulls")
+        nulls = column.null_count
+        if pa.types.is_dictionary(field.type):
+            nulls += sum(chunk.dictionary.null_count for chunk in column.chunks)
+        if nulls:
+            raise SnapshotSchemaError(f"{name}.{field.name}: {nulls} nulls")
+    return matched
 
 
 def _np(table: pa.Table, column: str) -> np.ndarray:
     return table.column(column).to_numpy()
+
+
+
+def name_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+    """(int32 codes, distinct names) of a string or name-dictionary column: ``names[codes[i]]``
+    is row i's value. A dictionary column costs no per-row string work."""
+    if isinstance(column, pa.ChunkedArray):
+        if pa.types.is_dictionary(column.type) and column.num_chunks > 1:
+            column = column.unify_dictionaries()
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    codes = column.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    names = column.dictionary.to_pylist()
+    if len(set(names)) != len(names):  # a dictionary may repeat a value: one code per name
+        first = {name: i for i, name in reversed(list(enumerate(names)))}
+        distinct = sorted(set(first.values()))
+        lut = np.array([distinct.index(first[name]) for name in names], np.int32)
+        codes, names = lut[codes], [names[i] for i in distinct]
+    return codes, names
+
+
+def name_array(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    """A name-dictionary array over ``names`` with the narrowest index type that fits."""
+    index_type = next(t for t in NAME_INDEX_TYPES if len(names) <= np.iinfo(t.to_pandas_dtype()).max + 1)
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(index_type.to_pandas_dtype(), copy=False)),
+                                          pa.array(names, pa.string()))
+
+
+def layout_table(schema: pa.Schema, columns: dict[str, object]) -> pa.Table:
+    """A table with ``schema``'s fields from ``columns`` (arrays, chunked arrays or NumPy), each
+    name-dictionary field typed with its array's own index width."""
+    arrays = [c if isinstance(c, (pa.Array, pa.ChunkedArray)) else pa.array(c, f.type)
+              for f, c in ((f, columns[f.name]) for f in schema)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema([f.with_type(a.type) for f, a in zip(schema, arrays)]))
+
+
+def segment_rows(replicas: pa.Table, segments: pa.Table) -> np.ndarray:
+    """Each replica's row in ``segments`` by name (-1: no such segment), int64."""
+    codes, names = name_codes(replicas.column("segment"))
+    lut = pc.fill_null(pc.index_in(pa.array(names, pa.string()), value_set=segments.column("name")), -1)
+    lut = np.append(lut.to_numpy(zero_copy_only=False).astype(np.int64), -1)
+    return lut[codes] if codes.size else np.zeros(0, np.int64)
+
+
+_LAYOUTS = {"objects": (OBJECTS_ARROW_SCHEMA, OBJECTS_PAYLOAD_SCHEMA),
+            "replicas": (REPLICAS_ARROW_SCHEMA, REPLICAS_PAYLOAD_SCHEMA),
+            "segments": (SEGMENTS_ARROW_SCHEMA,)}
 
 
 @dataclass(frozen=True)
@@ -48,6 +122,22 @@ class SnapshotState:
     segments: pa.Table
     replica_next_id: int
 
+    def plain(self) -> "SnapshotState":
+        """This state with string name columns (the ``*_ARROW_SCHEMA`` layout)."""
+        return replace(self, objects=self.objects.cast(OBJECTS_ARROW_SCHEMA),
+                       replicas=self.replicas.cast(REPLICAS_ARROW_SCHEMA))
+
+    def encoded(self) -> "SnapshotState":
+        """This state in the v2 payload layout (dictionary name columns, large_string keys)."""
+        def encode(table: pa.Table, schema: pa.Schema) -> pa.Table:
+            if _canonical(table.schema).equals(schema, check_metadata=False):
+                return table
+            return layout_table(schema, {
+                f.name: name_array(*name_codes(table.column(f.name))) if pa.types.is_dictionary(f.type)
+                else table.column(f.name).cast(f.type) for f in schema})
+        return replace(self, objects=encode(self.objects, OBJECTS_PAYLOAD_SCHEMA),
+                       replicas=encode(self.replicas, REPLICAS_PAYLOAD_SCHEMA))
+
     def validate(self, *, check_unique_keys: bool = True, check_overlaps: bool | None = None) -> "SnapshotState":
         """Raise a typed error if the state is not internally consistent; return self.
 
@@ -56,9 +146,8 @@ class SnapshotState:
         guarantees on export (key index, allocator) and checks again on load (index insert,
         allocator rebuild), so a state on its way into or out of an engine skips them here.
         """
-        check_table(self.objects, OBJECTS_ARROW_SCHEMA, "objects")
-        check_table(self.replicas, REPLICAS_ARROW_SCHEMA, "replicas")
-        check_table(self.segments, SEGMENTS_ARROW_SCHEMA, "segments")
+        for name, schemas in _LAYOUTS.items():
+            check_table(getattr(self, name), schemas, name)
         self._validate_objects(check_unique_keys)
         self._validate_segments()
         self._validate_replicas(check_unique_keys if check_overlaps is None else check_overlaps)
@@ -66,9 +155,10 @@ class SnapshotState:
 
     def _validate_objects(self, check_unique_keys: bool = True) -> None:
         objs = self.objects
-        if (check_unique_keys and objs.num_rows
-                and objs.group_by(["tenant", "key"]).aggregate([]).num_rows != objs.num_rows):
-            raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
+        if check_unique_keys and objs.num_rows:
+            pairs = pa.table({"tenant": name_codes(objs.column("tenant"))[0], "key": objs.column("key")})
+            if pairs.group_by(["tenant", "key"]).aggregate([]).num_rows != objs.num_rows:
+                raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
         if objs.num_rows and int(pc.min(objs.column("size_bytes")).as_py()) < 0:
             raise SnapshotIntegrityError("objects: negative size_bytes")
 
@@ -106,26 +196,22 @@ class SnapshotState:
         memory = _np(reps, "kind") == KIND_MEMORY
         if not memory.any():
             return
-        # index_in yields null for a name missing from the segments table: code -1.
-        seg_code = pc.fill_null(pc.index_in(reps.column("segment"),
-                                            value_set=self.segments.column("name")), -1)
-        seg_code = seg_code.to_numpy(zero_copy_only=False).astype(np.int64)
+        seg_code = segment_rows(reps, self.segments)
         unknown = memory & (seg_code < 0)
         if unknown.any():
             bad = reps.column("segment")[int(np.flatnonzero(unknown)[0])].as_py()
             raise SnapshotIntegrityError(f"replicas: memory replica on unknown segment {bad!r}")
-        seg = seg_code[memory]
-        off, sz = offset[memory], size[memory]
+        all_memory = memory.all()  # the usual case: no masked copies of the columns
+        seg = seg_code if all_memory else seg_code[memory]
+        off, sz = (offset, size) if all_memory else (offset[memory], size[memory])
         capacity = _np(self.segments, "size")[seg]
         if (off > capacity - sz).any():  # off + sz > capacity, without overflowing
             raise SnapshotIntegrityError("replicas: memory extent beyond segment capacity")
         if not check_overlaps:
             return
         # REMOVED replicas no longer own their extent; every other memory replica does.
-        held = _np(reps, "status")[memory] != ST_REMOVED
+        held = (_np(reps, "status")[memory] != ST_REMOVED) & (sz > 0)
         seg, off, sz = seg[held], off[held], sz[held]
-        nonempty = sz > 0
-        seg, off, sz = seg[nonempty], off[nonempty], sz[nonempty]
         if seg.size and int(off.max()) < (1 << 62) >> int(seg.max()).bit_length():
             # one int64 sort key (segment code in the high bits): about 2x faster than lexsort
             order = np.argsort((seg << (62 - int(seg.max()).bit_length())) | off)
@@ -141,12 +227,10 @@ def segment_usage(replicas: pa.Table, segments: pa.Table) -> np.ndarray:
     """Bytes held per segment row: memory replicas that still own their extent (not REMOVED)."""
     held = ((replicas.column("kind").to_numpy() == KIND_MEMORY)
             & (replicas.column("status").to_numpy() != ST_REMOVED))
-    code = pc.index_in(replicas.column("segment"), value_set=segments.column("name"))
-    code = pc.fill_null(code, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    code = segment_rows(replicas, segments)
     held &= code >= 0
-    used = np.zeros(segments.num_rows, dtype=np.int64)
-    np.add.at(used, code[held], replicas.column("size").to_numpy()[held])
-    return used
+    return np.bincount(code[held], weights=replicas.column("size").to_numpy()[held],
+                       minlength=segments.num_rows).astype(np.int64)
 
 
 def with_usage(state: SnapshotState) -> SnapshotState:

@@ -1,84 +1,243 @@
-"""Columns <-> the three Arrow tables of a SnapshotState (objects, replicas, segments).
+"""Engine columns <-> the three Arrow tables of a SnapshotState (objects, replicas, segments).
 
-Both directions are vectorized: per-segment and per-dictionary loops only (few), never per
-object. Loading fills an EMPTY engine; the caller validated the state first.
+Export is two steps so that a snapshot holds the master's lock only for memcpy-speed work:
+:func:`freeze` copies the raw columns of rows [0, high_water) (and the small dictionaries) under
+the lock; :func:`frozen_state` builds the tables from the copies afterwards, in the *encoded*
+layout (name columns are the engine's codes plus its string dictionary; keys come straight out of
+the arena), so no step does per-row string work. Loading fills rows from the tables with slice
+writes (an empty engine) and builds the key index in bulk. Both directions are vectorized: loops
+over segments, dictionaries and groups only (few), never per object in Python.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from ..kernels import hashing as hk
-from ..kernels import objects as ok
-from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED,
-                      KIND_MEMORY, REPLICAS_ARROW_SCHEMA, SEGMENTS_ARROW_SCHEMA)
 from ..errors import SnapshotIntegrityError
+from ..kernels import arena as arena_k
+from ..kernels import hashing as hk
+from ..kernels import index_load
+from ..kernels import objects as ok
+from ..schema import (EMPTY_CODE, FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PROCESSING,
+                      FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, OBJECTS_PAYLOAD_SCHEMA, REPLICAS_PAYLOAD_SCHEMA, SEGMENTS_ARROW_SCHEMA)
 from .segments import Segment
-from .strings import StringDictionary
 
 if TYPE_CHECKING:
     from ..master import MasterService
+    from ..snapshots.state import SnapshotState
+
+# Per-object columns a snapshot needs, and the replica slot columns (engine attribute names).
+FROZEN_OBJECT_COLUMNS = ("flags", "tenant", "client", "group", "size_bytes", "data_type",
+                         "lease_deadline_ns", "soft_pin_deadline_ns", "key_ref")
+FROZEN_REPLICA_COLUMNS = ("replica_status", "replica_kind", "replica_segment", "replica_offset",
+                          "replica_id")
+# Below this many keys the staged one-by-one insert beats the bulk build's partitioning.
+_BULK_INDEX_MIN_KEYS = 1 << 16
+
+# (name, shape, dtype) -> an array to copy into; lets a caller hand out reusable, already
+# page-faulted buffers (first touches of fresh memory cost more than the copy itself).
+Allocator = Callable[[str, tuple[int, ...], np.dtype], np.ndarray]
 
 
-def _codes(column: pa.ChunkedArray | pa.Array, dictionary: StringDictionary) -> np.ndarray:
-    """Dictionary-encode a string column into ``dictionary``'s int32 codes."""
-    enc = pc.dictionary_encode(column)
-    if isinstance(enc, pa.ChunkedArray):
-        enc = enc.combine_chunks()
-    values = enc.dictionary.to_pylist()
-    lut = np.array([dictionary.code(v) for v in values], np.int32)
-    return lut[enc.indices.to_numpy(zero_copy_only=False)] if len(values) else np.zeros(0, np.int32)
+def _fresh(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype)
 
 
-def export_tables(m: "MasterService") -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(objects, replicas, segments) of the live state; objects ordered by row."""
+@dataclass(frozen=True)
+class FrozenColumns:
+    """A master's state at one instant: copies of its mutable columns, rows [0, high_water)."""
+
+    columns: dict[str, np.ndarray]
+    arena: np.ndarray             # the key arena itself, not a copy: see freeze()
+    inflight_rows: np.ndarray     # rows with a put in flight, and their put start (system ms)
+    inflight_start_ms: np.ndarray
+    tenants: list[str]
+    clients: list[str]
+    group_names: list[str]
+    segments: list[Segment | None]
+    segment_used: np.ndarray
+    segment_readable: np.ndarray
+    replica_next_id: int
+
+
+def freeze(m: "MasterService", alloc: Allocator = _fresh) -> FrozenColumns:
+    """Copy what a snapshot needs; the caller holds ``m``'s lock. Only memcpy and small lists.
+
+    The key arena is referenced, not copied: it is append-only (inserts write past
+    ``arena_used``; growth and compaction build a new array), so the bytes the copied
+    ``key_ref`` values point at never change in the array object held here.
+    """
     o = m.objects
-    objects = m._objects_table()
-    rows = o.live_rows()
-    status = o.replica_status[rows]
-    r_idx, slot = np.nonzero(status != 0)
-    src = rows[r_idx]
-    names = [s.name if s else "" for s in m.segments.info] + [""]
-    memory = o.replica_kind[src, slot] == int(KIND_MEMORY)
-    seg_idx = np.where(memory & (o.replica_segment[src, slot] >= 0), o.replica_segment[src, slot], len(names) - 1)
-    readable = ok.readable_mask(src, slot.astype(np.int64), o.replica_status, o.replica_kind,
-                                o.replica_segment, m.segments.readable)
-    replicas = pa.table({
-        "object_index": r_idx.astype(np.int64),
-        "replica_id": o.replica_id[src, slot],
-        "kind": o.replica_kind[src, slot],
-        "status": status[r_idx, slot],
-        "segment": pa.array(names, pa.string()).take(pa.array(seg_idx.astype(np.int32))),
-        "offset": o.replica_offset[src, slot],
-        "size": o.size_bytes[src],
+    hw = o.high_water
+    columns = {}
+    for name in (*FROZEN_OBJECT_COLUMNS, *FROZEN_REPLICA_COLUMNS):
+        src = getattr(o, name)[:hw]
+        columns[name] = alloc(name, src.shape, src.dtype)
+        np.copyto(columns[name], src)
+    inflight_rows = np.flatnonzero(o.inflight[:hw] >= 0)
+    s = m.segments
+    return FrozenColumns(
+        columns=columns, arena=m.keys.arena, inflight_rows=inflight_rows,
+        inflight_start_ms=m._put_start_time_ms(inflight_rows),
+        tenants=list(m.tenants._names), clients=list(m.clients._names),
+        group_names=list(m._group_names), segments=list(s.info),
+        segment_used=s.used[:len(s.info)].copy(), segment_readable=s.readable[:len(s.info)].copy(),
+        replica_next_id=int(m.next_replica_id))
+
+
+def _names(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    """Engine codes (-1: none, decoded as "") as a name-dictionary array."""
+    from ..snapshots.state import name_array
+    if codes.size and codes.min() < 0:
+        codes, names = np.where(codes < 0, len(names), codes), [*names, ""]
+    return name_array(codes, names)
+
+
+def _keys(arena: np.ndarray, refs: np.ndarray, rows: np.ndarray | None) -> pa.Array:
+    """The keys of ``refs`` (of ``rows``, when given) as a large_string array. Keys laid out back to
+    back in the arena (a bulk load or a restore, with no removal since) are one slice of it."""
+    if rows is not None:
+        refs = refs[rows]
+    n = refs.shape[0]
+    start = refs >> hk.KEY_LENGTH_BITS
+    length = refs & ((1 << hk.KEY_LENGTH_BITS) - 1)
+    if n and (start[1:] == start[:-1] + length[:-1]).all():
+        offsets = np.empty(n + 1, np.int64)
+        np.subtract(start, start[0], out=offsets[:-1])
+        offsets[-1] = offsets[-2] + length[-1]
+        data = arena[start[0]:start[0] + offsets[-1]]
+    else:
+        offsets, data = arena_k.gather_keys(arena, refs, np.arange(n, dtype=np.int64))
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+def frozen_state(f: FrozenColumns) -> "SnapshotState":
+    """The encoded-layout SnapshotState of a frozen master (no lock needed: only copies are read).
+
+    Columns are zero-copy views of the frozen copies where every row is live (the usual case).
+    """
+    from ..snapshots.state import SnapshotState, layout_table
+    c = f.columns
+    flags = c["flags"]
+    hw = flags.shape[0]
+    live = np.flatnonzero(flags & FLAG_LIVE)
+    pick = None if live.size == hw else live  # None: every row, no gather
+
+    def rows(a: np.ndarray) -> np.ndarray:
+        return a if pick is None else a[pick]
+
+    fl = rows(flags)
+    n = fl.shape[0]
+    grouped = (fl & FLAG_GROUPED) != 0
+    put_start = np.zeros(n, np.int64)
+    inflight = (flags[f.inflight_rows] & FLAG_LIVE) != 0  # a freed row may keep a stale slot
+    put_start[np.searchsorted(live, f.inflight_rows[inflight])] = f.inflight_start_ms[inflight]
+    status = rows(c["replica_status"])
+    used = status != 0
+    objects = layout_table(OBJECTS_PAYLOAD_SCHEMA, {
+        "tenant": _names(rows(c["tenant"]), f.tenants),
+        "key": _keys(f.arena, c["key_ref"], pick),
+        "client": _names(rows(c["client"]), f.clients),
+        "size_bytes": rows(c["size_bytes"]),
+        "data_type": rows(c["data_type"]),
+        "group": _names(np.where(grouped, rows(c["group"]), -1) if grouped.any()
+                        else np.zeros(n, np.int8), f.group_names if grouped.any() else [""]),
+        "hard_pinned": (fl & FLAG_HARD_PINNED) != 0,
+        "soft_pin_enabled": (fl & FLAG_SOFT_PIN_ENABLED) != 0,
+        "lease_deadline_ns": rows(c["lease_deadline_ns"]),
+        "soft_pin_deadline_ns": rows(c["soft_pin_deadline_ns"]),
+        "put_start_time_ms": put_start,
+        "processing": (fl & FLAG_PROCESSING) != 0,
+        "replica_count": used.sum(axis=1, dtype=np.int32),
+    })
+
+    # replicas: one row per used slot, in object order
+    if used.all() and status.shape[1] == 1:  # one replica per object: every column is a view
+        r_idx, slot = np.arange(n, dtype=np.int64), np.zeros(n, np.int64)
+
+        def reps(name: str) -> np.ndarray:
+            return rows(c[name])[:, 0]
+        src_size = objects.column("size_bytes").chunk(0)
+    else:
+        r_idx, slot = np.nonzero(used)
+
+        def reps(name: str) -> np.ndarray:
+            return rows(c[name])[r_idx, slot]
+        src_size = rows(c["size_bytes"])[r_idx]
+    kind, seg = reps("replica_kind"), reps("replica_segment")
+    seg_names = [s.name if s else "" for s in f.segments]
+    seg_code = np.where((kind == KIND_MEMORY) & (seg >= 0), seg, -1)  # other kinds: ""
+    src = r_idx if pick is None else pick[r_idx]
+    readable = ok.readable_mask(src, slot.astype(np.int64), c["replica_status"], c["replica_kind"],
+                                c["replica_segment"], f.segment_readable)
+    replicas = layout_table(REPLICAS_PAYLOAD_SCHEMA, {
+        "object_index": r_idx.astype(np.int64, copy=False),
+        "replica_id": reps("replica_id"),
+        "kind": kind,
+        "status": reps("replica_status"),
+        "segment": _names(seg_code, seg_names),
+        "offset": reps("replica_offset"),
+        "size": src_size,
         "readable": readable,
-    }, schema=REPLICAS_ARROW_SCHEMA)
-    live = [(c, s) for c, s in enumerate(m.segments.info) if s is not None]
-    codes = np.array([c for c, _ in live], np.int64)
+    })
+    live_segs = [(code, s) for code, s in enumerate(f.segments) if s is not None]
+    codes = np.array([code for code, _ in live_segs], np.int64)
     segments = pa.table({
-        "name": [s.name for _, s in live],
-        "endpoint": [s.endpoint for _, s in live],
-        "client": [s.client for _, s in live],
-        "base": pa.array([s.base for _, s in live], pa.uint64()),
-        "size": pa.array([s.size for _, s in live], pa.int64()),
-        "used": m.segments.used[codes] if codes.size else np.zeros(0, np.int64),
-        "readable": m.segments.readable[codes] if codes.size else np.zeros(0, np.bool_),
+        "name": [s.name for _, s in live_segs],
+        "endpoint": [s.endpoint for _, s in live_segs],
+        "client": [s.client for _, s in live_segs],
+        "base": pa.array([s.base for _, s in live_segs], pa.uint64()),
+        "size": pa.array([s.size for _, s in live_segs], pa.int64()),
+        "used": f.segment_used[codes] if codes.size else np.zeros(0, np.int64),
+        "readable": f.segment_readable[codes] if codes.size else np.zeros(0, np.bool_),
     }, schema=SEGMENTS_ARROW_SCHEMA)
-    return objects, replicas, segments
+    return SnapshotState(objects, replicas, segments, f.replica_next_id)
 
 
-def load_tables(m: "MasterService", objects: pa.Table, replicas: pa.Table, segments: pa.Table, *,
-                segments_readable: bool) -> None:
-    """Fill an empty master from validated tables (objects table order = replica object_index)."""
+def export_tables(m: "MasterService") -> "SnapshotState":
+    """The live state (encoded layout); the caller holds ``m``'s lock."""
+    return frozen_state(freeze(m))
+
+
+# ---- loading --------------------------------------------------------------------------------------
+def load_tables(m: "MasterService", state: "SnapshotState", *, segments_readable: bool) -> None:
+    """Fill an EMPTY master from a validated state (objects table order = replica object_index)."""
+    segments = state.segments
     # segments first: replica segment names resolve to their codes
     for name, endpoint, client, base, size in zip(*(segments.column(c).to_pylist() for c in
                                                     ("name", "endpoint", "client", "base", "size"))):
         m.segments.mount(Segment(name, endpoint, client, int(base), int(size)), readable=segments_readable)
-    append_objects(m, objects, replicas)
+    append_objects(m, state.objects, state.replicas)
     rebuild_allocators(m, range(len(m.segments.info)))
+
+
+def _engine_codes(column: pa.ChunkedArray, dictionary) -> np.ndarray:
+    """A name column as ``dictionary``'s codes (interning new names): a small lookup table over
+    the column's dictionary, gathered by its indices; no gather when the codes already agree."""
+    from ..snapshots.state import name_codes
+    codes, names = name_codes(column)
+    lut = np.array([dictionary.code(v) for v in names], np.int32)
+    return codes if np.array_equal(lut, np.arange(lut.size)) else lut[codes]
+
+
+def _new_rows(o, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
+    """(rows, selector) for ``n`` new objects. An empty table takes rows 0..n-1 and its columns
+    are written by slice below (take_rows' per-row clear would scatter through a row index)."""
+    if o.high_water == 0 and o.free_count == 0:
+        o.reserve(n)
+        o.high_water = o.live_count = n
+        rows = np.arange(n, dtype=np.int64)
+        for name, fill in (("group", EMPTY_CODE), ("inflight", EMPTY_CODE), ("replica_refcnt", 0),
+                           ("replica_status", 0), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
+                           ("replica_offset", 0), ("replica_id", 0)):
+            getattr(o, name)[:n] = fill
+        o.group_next[:n] = rows
+        return rows, slice(0, n)
+    rows = o.take_rows(n)
+    return rows, rows
 
 
 def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) -> np.ndarray:
@@ -86,77 +245,93 @@ def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) ->
     twice); replica segments must be mounted. Returns the new rows in table order."""
     o = m.objects
     n = objects.num_rows
-    rows = o.take_rows(n)
-    o.tenant[rows] = _codes(objects.column("tenant"), m.tenants)
-    o.client[rows] = _codes(objects.column("client"), m.clients)
-    o.size_bytes[rows] = objects.column("size_bytes").to_numpy()
-    o.data_type[rows] = objects.column("data_type").to_numpy()
-    o.lease_deadline_ns[rows] = objects.column("lease_deadline_ns").to_numpy()
-    o.soft_pin_deadline_ns[rows] = objects.column("soft_pin_deadline_ns").to_numpy()
-    flags = np.full(n, int(FLAG_LIVE), np.uint8)
-    flags[objects.column("hard_pinned").to_numpy(zero_copy_only=False)] |= FLAG_HARD_PINNED
-    flags[objects.column("soft_pin_enabled").to_numpy(zero_copy_only=False)] |= FLAG_SOFT_PIN_ENABLED
-    processing = objects.column("processing").to_numpy(zero_copy_only=False)
-    flags[processing] |= FLAG_PROCESSING
-    o.flags[rows] = flags
-    if processing.any():
-        slots = m.inflight.take(int(processing.sum()))
+    rows, sel = _new_rows(o, n)
+    o.tenant[sel] = _engine_codes(objects.column("tenant"), m.tenants)
+    o.client[sel] = _engine_codes(objects.column("client"), m.clients)
+    for name in ("size_bytes", "data_type", "lease_deadline_ns", "soft_pin_deadline_ns"):
+        getattr(o, name)[sel] = objects.column(name).to_numpy()
+    flags = o.flags[sel] if isinstance(sel, slice) else np.empty(n, np.uint8)
+    flags[:] = FLAG_LIVE
+    for name, bit in (("hard_pinned", FLAG_HARD_PINNED), ("soft_pin_enabled", FLAG_SOFT_PIN_ENABLED),
+                      ("processing", FLAG_PROCESSING)):
+        flags |= objects.column(name).to_numpy(zero_copy_only=False).view(np.uint8) * bit
+    if not isinstance(sel, slice):
+        o.flags[sel] = flags
+    processing = np.flatnonzero(flags & FLAG_PROCESSING)
+    if processing.size:
+        slots = m.inflight.take(processing.size)
         o.inflight[rows[processing]] = slots
         m.inflight.put_start_time_ms[slots] = objects.column("put_start_time_ms").to_numpy()[processing]
+    _load_keys(m, rows, objects.column("key"))
+    _link_groups(m, rows, objects)
+    _load_replicas(m, rows, replicas, fresh=isinstance(sel, slice))
+    return rows
 
-    # keys: copy the (tenant, key) bytes into the arena and index every row
-    keys = objects.column("key").combine_chunks().cast(pa.large_string())
-    _, off_buf, data_buf = keys.buffers()
-    offsets = np.frombuffer(off_buf, np.int64, count=n + 1, offset=keys.offset * 8)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+
+def _load_keys(m: "MasterService", rows: np.ndarray, keys: pa.ChunkedArray) -> None:
+    """Copy the key bytes into the arena and index every row (the index is the (tenant, key)
+    uniqueness check of a loaded state)."""
+    from .keys import as_string_array, string_buffers
+    o = m.objects
+    offsets, data = string_buffers(as_string_array(keys.chunk(0) if keys.num_chunks == 1 else keys))
+    n = rows.size
     nbytes = int(offsets[-1] - offsets[0])
     m.keys.reserve(n, nbytes)
     start = m.keys.arena_used
     m.keys.arena[start:start + nbytes] = data[offsets[0]:offsets[-1]]
-    lengths = np.diff(offsets)
-    o.key_ref[rows] = ((start + offsets[:-1] - offsets[0]) << hk.KEY_LENGTH_BITS) | lengths
-    dup = hk.insert_rows_unique(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
-    if dup >= 0:  # the index is the (tenant, key) uniqueness check of a loaded state
-        raise SnapshotIntegrityError(f"objects: duplicate (tenant, key) "
-                                     f"({objects.column('tenant')[dup]}, {objects.column('key')[dup]})")
+    if not index_load.set_key_refs(o.key_ref, rows, offsets, start - int(offsets[0])):
+        raise SnapshotIntegrityError(f"objects: a key is longer than {(1 << hk.KEY_LENGTH_BITS) - 1} bytes")
+    insert = index_load.bulk_insert_unique if n >= _BULK_INDEX_MIN_KEYS else hk.insert_rows_unique
+    dup = insert(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
+    if dup >= 0:
+        raise SnapshotIntegrityError(f"objects: duplicate (tenant, key) ({m.tenants.name(int(o.tenant[rows[dup]]))}, "
+                                     f"{keys[dup]})")
     m.keys.note_inserted(n, start + nbytes)
 
-    # groups: one code per (tenant, group); members linked by a kernel
-    grouped = np.flatnonzero(pc.not_equal(objects.column("group"), "").to_numpy(zero_copy_only=False))
-    if grouped.size:
-        pairs = pc.binary_join_element_wise(objects.column("tenant").take(grouped),
-                                            objects.column("group").take(grouped), "\0")
-        enc = pc.dictionary_encode(pairs).combine_chunks()
-        idx = enc.indices.to_numpy()
-        order = np.argsort(idx, kind="stable")
-        bounds = np.searchsorted(idx[order], np.arange(len(enc.dictionary) + 1))
-        for i, pair in enumerate(enc.dictionary.to_pylist()):  # one iteration per group
-            tenant, name = pair.split("\0", 1)
-            members = rows[grouped[order[bounds[i]:bounds[i + 1]]]]
-            ok.link_group_members(members, m._group_code(tenant, name), m.group_head, o.group_next,
-                                  o.group, o.flags)
 
-    # replicas: slot = rank of the replica within its object
+def _link_groups(m: "MasterService", rows: np.ndarray, objects: pa.Table) -> None:
+    """One group code per (tenant, group) pair; members linked by a kernel."""
+    from ..snapshots.state import name_codes
+    codes, names = name_codes(objects.column("group"))
+    named = np.array([name != "" for name in names] + [False])
+    grouped = np.flatnonzero(named[codes]) if codes.size else codes[:0]
+    if not grouped.size:
+        return
+    o = m.objects
+    tenant = o.tenant[rows[grouped]].astype(np.int64)
+    pairs, inverse = np.unique(tenant * len(names) + codes[grouped], return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(pairs.size + 1))
+    for i, pair in enumerate(pairs.tolist()):  # one iteration per group
+        members = rows[grouped[order[bounds[i]:bounds[i + 1]]]]
+        gcode = m._group_code(m.tenants.name(pair // len(names)), names[pair % len(names)])
+        ok.link_group_members(members, gcode, m.group_head, o.group_next, o.group, o.flags)
+
+
+def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, fresh: bool) -> None:
+    """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
+    from ..snapshots.state import name_codes
+    o = m.objects
     oi = replicas.column("object_index").to_numpy()
     if oi.size and (np.diff(oi) > 0).all():
-        slot = np.zeros_like(oi)  # the usual case: one replica per object, in object order
+        slot = None  # the usual case: one replica per object, in object order
     else:
         order = np.argsort(oi, kind="stable")
         oi_sorted = oi[order]
         first = np.searchsorted(oi_sorted, oi_sorted, side="left")
         slot = np.empty_like(oi)
         slot[order] = np.arange(oi.size) - first
-    o.ensure_slots(int(slot.max()) + 1 if slot.size else 1)
-    target = rows[oi]
-    seg_names = replicas.column("segment")
-    seg_code = np.array([m.segments.code(s) for s in pc.unique(seg_names).to_pylist()], np.int32)
-    lookup = pc.index_in(seg_names, value_set=pc.unique(seg_names)).to_numpy(zero_copy_only=False)
-    o.replica_segment[target, slot] = seg_code[lookup] if seg_code.size else -1
-    o.replica_kind[target, slot] = replicas.column("kind").to_numpy()
-    o.replica_status[target, slot] = replicas.column("status").to_numpy()
-    o.replica_offset[target, slot] = replicas.column("offset").to_numpy()
-    o.replica_id[target, slot] = replicas.column("replica_id").to_numpy()
-    return rows
+    o.ensure_slots(int(slot.max()) + 1 if slot is not None and slot.size else 1)
+    if slot is None and fresh and oi.size == rows.size:  # object i's only replica goes to row i, slot 0: slice writes
+        target = (slice(0, oi.size), 0)
+    else:
+        target = (rows[oi], 0 if slot is None else slot)
+    codes, names = name_codes(replicas.column("segment"))
+    lut = np.array([m.segments.code(s) for s in names] + [EMPTY_CODE], np.int32)
+    o.replica_segment[target] = lut[codes] if codes.size else EMPTY_CODE
+    for name, column in (("replica_kind", "kind"), ("replica_status", "status"),
+                         ("replica_offset", "offset"), ("replica_id", "replica_id")):
+        getattr(o, name)[target] = replicas.column(column).to_numpy()
 
 
 def occupied_extents(m: "MasterService", codes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

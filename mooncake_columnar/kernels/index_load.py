@@ -1,0 +1,95 @@
+"""Bulk build of the key index from many rows at once (restoring a snapshot).
+
+Inserting millions of rows one by one probes the table at random: each insert is a cache and TLB
+miss (about 200 ns per key at 10M keys here). The bulk build instead:
+
+1. hashes every row (in parallel: the byte loop is the bulk of the work),
+2. partitions the rows by the top bits of their home slot (a counting sort),
+3. inserts partition by partition, so each partition's probes stay inside one small window of
+   the table (cache resident).
+
+Any insertion order builds a valid linear-probing table, so the table answers lookups (and
+deletes) exactly like one built by ``hashing.insert_rows``; only the slot placement inside a
+cluster may differ. Each insert uses ``hashing.find_or_empty_slot``, so a (tenant, key) already
+present is reported instead of inserted: the build is the uniqueness check of a loaded state.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from . import hashing as hk
+
+# 2^10 partitions: a partition's table window is table size / 1024 (128 KiB for 16M slots).
+_PARTITION_BITS = 10
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _hash_rows(rows, arena, key_refs, row_tenant):
+    out = np.empty(rows.shape[0], np.uint64)
+    for i in prange(rows.shape[0]):
+        out[i] = hk.row_hash(arena, key_refs, row_tenant, rows[i])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _partition(rows, hashes, mask, shift):
+    """(rows, hashes) reordered by home slot >> shift (a counting sort). Both are copied into
+    partition order, not gathered through an index: the insert pass then reads them sequentially."""
+    starts = np.zeros((mask >> shift) + 2, np.int64)
+    for i in range(hashes.shape[0]):
+        starts[(hk.home_slot(hashes[i], mask) >> shift) + 1] += 1
+    for p in range(starts.shape[0] - 1):
+        starts[p + 1] += starts[p]
+    part_rows = np.empty_like(rows)
+    part_hashes = np.empty_like(hashes)
+    for i in range(hashes.shape[0]):
+        p = hk.home_slot(hashes[i], mask) >> shift
+        part_rows[starts[p]] = rows[i]
+        part_hashes[starts[p]] = hashes[i]
+        starts[p] += 1
+    return part_rows, part_hashes
+
+
+@njit(cache=True, nogil=True)
+def _insert_all(table, rows, hashes, arena, key_refs, row_tenant):
+    """Insert each row unless its (tenant, key) is present; returns that row, or -1."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        ref = key_refs[r]
+        existing, slot = hk.find_or_empty_slot(table, arena, key_refs, row_tenant, arena,
+                                               hk.ref_offset(ref), hk.ref_length(ref), row_tenant[r],
+                                               hashes[i])
+        if existing >= 0:
+            return r
+        hk.fill_slot(table, slot, hashes[i], r)
+    return -1
+
+
+def bulk_insert_unique(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, key_refs: np.ndarray,
+                       row_tenant: np.ndarray) -> int:
+    """``hashing.insert_rows_unique`` for many rows: insert ``rows`` (keys in ``arena`` via
+    ``key_refs``, tenants in ``row_tenant``) into ``table``; returns the index into ``rows`` of
+    a row whose (tenant, key) was already present (then the table holds an unspecified subset of
+    the rows: the caller discards it), or -1."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    if rows.size == 0:
+        return -1
+    mask = table.shape[0] - 1
+    shift = max(0, mask.bit_length() - _PARTITION_BITS)
+    part_rows, part_hashes = _partition(rows, _hash_rows(rows, arena, key_refs, row_tenant), mask, shift)
+    dup = int(_insert_all(table, part_rows, part_hashes, arena, key_refs, row_tenant))
+    return -1 if dup < 0 else int(np.flatnonzero(rows == dup)[0])
+
+
+@njit(cache=True, nogil=True)
+def set_key_refs(key_refs, rows, offsets, shift):
+    """``key_refs[rows[i]]`` = the ref of key i, bytes [offsets[i], offsets[i + 1]) + ``shift`` of
+    the arena. Returns False (refs partly written) if a length does not fit the ref's length bits."""
+    limit = (1 << hk.KEY_LENGTH_BITS) - 1
+    for i in range(rows.shape[0]):
+        length = offsets[i + 1] - offsets[i]
+        if length < 0 or length > limit:
+            return False
+        key_refs[rows[i]] = hk.key_ref(offsets[i] + shift, length)
+    return True

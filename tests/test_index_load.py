@@ -1,0 +1,72 @@
+"""kernels/index_load.py: the bulk-built key index answers lookups, inserts and deletes exactly
+like one built by hashing.insert_rows, and reports duplicates instead of indexing them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mooncake_columnar.kernels import hashing as hk
+from mooncake_columnar.kernels.index_load import bulk_insert_unique, set_key_refs
+from mooncake_columnar.synthetic import synthetic_keys
+from mooncake_columnar.store.keys import string_buffers
+
+
+def _keys(n: int, tenants: int = 3, seed: int = 0):
+    """(offsets, arena, key_refs, tenant per row) of n distinct (tenant, key) pairs of mixed length."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, n)
+    keys = [f"k{i}" * (1 + int(lengths[i]) // 8) for i in range(n)]
+    keys[0] = ""  # an empty key is a key too
+    arena = np.frombuffer("".join(keys).encode(), np.uint8).copy()
+    offsets = np.zeros(n + 1, np.int64)
+    offsets[1:] = np.cumsum([len(k) for k in keys])
+    refs = np.empty(n, np.int64)
+    assert set_key_refs(refs, np.arange(n), offsets, 0)
+    return offsets, arena, refs, rng.integers(0, tenants, n).astype(np.int32)
+
+
+def _table(n: int) -> np.ndarray:
+    return np.full(1 << max(4, int(np.ceil(np.log2(n / 0.7)))), hk.EMPTY_SLOT, np.int64)
+
+
+@pytest.mark.parametrize("n", [1, 1000, 70_000])
+def test_bulk_index_answers_like_sequential_inserts(n: int) -> None:
+    offsets, arena, refs, tenants = _keys(n)
+    rows = np.random.default_rng(1).permutation(n).astype(np.int64)
+    bulk, seq = _table(n), _table(n)
+    assert bulk_insert_unique(bulk, rows, arena, refs, tenants) == -1
+    hk.insert_rows(seq, rows, arena, refs, tenants)
+    assert np.array_equal(np.sort(bulk), np.sort(seq))  # the same entries, maybe other slots
+    for table in (bulk, seq):
+        assert np.array_equal(hk.find_rows(table, arena, refs, tenants, offsets, arena, tenants), np.arange(n))
+    # absent keys: another tenant, and keys never inserted
+    assert (hk.find_rows(bulk, arena, refs, tenants, offsets, arena, tenants + 7) == -1).all()
+    # deletes shift back correctly in the bulk-built table too
+    gone = rows[: n // 2]
+    hk.delete_rows(bulk, gone, arena, refs, tenants)
+    found = hk.find_rows(bulk, arena, refs, tenants, offsets, arena, tenants)
+    expect = np.arange(n)
+    expect[gone] = -1
+    assert np.array_equal(found, expect)
+
+
+def test_bulk_index_reports_a_duplicate() -> None:
+    keys = synthetic_keys(0, 70_000)
+    offsets, data = string_buffers(keys)
+    arena = np.concatenate([data, data[32 * 123: 32 * 124]])  # row 70_000 repeats row 123's key
+    offsets = np.append(offsets, offsets[-1] + 32)
+    n = 70_001
+    refs = np.empty(n, np.int64)
+    assert set_key_refs(refs, np.arange(n), offsets, 0)
+    tenants = np.zeros(n, np.int32)
+    dup = bulk_insert_unique(_table(n), np.arange(n, dtype=np.int64), arena, refs, tenants)
+    assert dup in (123, 70_000)
+    tenants[70_000] = 1  # the same bytes under another tenant are another key
+    assert bulk_insert_unique(_table(n), np.arange(n, dtype=np.int64), arena, refs, tenants) == -1
+
+
+def test_set_key_refs_rejects_an_overlong_key() -> None:
+    refs = np.zeros(2, np.int64)
+    assert not set_key_refs(refs, np.arange(2), np.array([0, 4, 4 + (1 << hk.KEY_LENGTH_BITS)]), 0)
+    assert set_key_refs(refs, np.arange(2), np.array([0, 4, 4 + (1 << hk.KEY_LENGTH_BITS) - 1]), 10)
+    assert hk.ref_offset(refs[1]) == 14 and hk.ref_length(refs[1]) == (1 << hk.KEY_LENGTH_BITS) - 1
