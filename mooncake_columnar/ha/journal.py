@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+from numba import njit
 
 from ..errors import WindowFull
 from ..schema import FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ReplicaStatus
@@ -27,16 +28,63 @@ log = logging.getLogger(__name__)
 _REMOVED = int(ReplicaStatus.REMOVED)
 _COMPLETE = int(ReplicaStatus.COMPLETE)
 _MEMORY = int(KIND_MEMORY)
+_PUT_END = np.uint8(OpType.PUT_END)
+_REMOVE_OP = np.uint8(OpType.REMOVE)
 
 
 def _dictionary(codes: np.ndarray, name_of: Callable[[int], str]) -> tuple[np.ndarray, list[str]]:
     """Engine dictionary codes (-1: "") -> (batch-local codes, their strings). Python work is
     per distinct value, never per row."""
-    if codes.size and (codes == codes[0]).all():  # the usual case (and every single-key call): one value
+    if codes.size == 1 or (codes.size and (codes == codes[0]).all()):  # the usual case: one value
         distinct, local = codes[:1], np.zeros(codes.size, np.int32)
     else:
         distinct, local = np.unique(codes, return_inverse=True)
     return local.astype(np.int32), [name_of(c) if c >= 0 else "" for c in distinct.tolist()]
+
+
+@njit(cache=True)
+def _gather_replicas(rows, keep, replica_id, replica_kind, replica_segment, replica_offset, size_bytes):
+    """Per row: PUT_END if any kept slot, else REMOVE; per PUT_END row its object row and kept
+    replica count; per kept replica (row order, then slot order) its id, kind, segment code (-1
+    when not in memory), offset and size. One pass, so a single-key call is one kernel call."""
+    n = rows.shape[0]
+    op = np.empty(n, np.uint8)
+    puts = 0
+    kept = 0
+    for i in range(n):
+        c = 0
+        for j in range(keep.shape[1]):
+            c += keep[i, j]
+        op[i] = _PUT_END if c > 0 else _REMOVE_OP
+        puts += c > 0
+        kept += c
+    put = np.empty(puts, np.int64)
+    count = np.empty(puts, np.uint32)
+    rid = np.empty(kept, np.uint64)
+    kind = np.empty(kept, np.uint8)
+    seg = np.empty(kept, np.int32)
+    offset = np.empty(kept, np.uint64)
+    size = np.empty(kept, np.uint64)
+    p = 0
+    r = 0
+    for i in range(n):
+        if op[i] != _PUT_END:
+            continue
+        row = rows[i]
+        put[p] = row
+        c = 0
+        for j in range(keep.shape[1]):
+            if keep[i, j]:
+                rid[r] = replica_id[row, j]
+                kind[r] = replica_kind[row, j]
+                seg[r] = replica_segment[row, j] if replica_kind[row, j] == _MEMORY else -1
+                offset[r] = replica_offset[row, j]
+                size[r] = size_bytes[row]
+                r += 1
+                c += 1
+        count[p] = c
+        p += 1
+    return op, put, count, rid, kind, seg, offset, size
 
 
 class Journal:
@@ -45,20 +93,14 @@ class Journal:
 
     # ---- columns ---------------------------------------------------------------------------
     def _object_columns(self, m: "MasterService", rows: np.ndarray, keep: np.ndarray | None) -> OpLogColumns:
-        """One entry per row, built from the engine columns with NumPy: PUT_END carrying the
-        replicas that stay (``keep`` mask over slots, default: the COMPLETE ones), or REMOVE
-        when none stays."""
+        """One entry per row, built from the engine columns: PUT_END carrying the replicas that
+        stay (``keep`` mask over slots, default: the COMPLETE ones), or REMOVE when none stays."""
         o = m.objects
         if keep is None:
             keep = o.replica_status[rows] == _COMPLETE
-        counts = keep.sum(axis=1)
-        is_put = counts > 0
-        put = rows[is_put]
-        r_idx, slot = np.nonzero(keep[is_put])  # row-major: grouped by object, in row order
-        src = put[r_idx]
-        kind = o.replica_kind[src, slot]
+        op, put, count, rid, kind, seg, offset, size = _gather_replicas(
+            rows, keep, o.replica_id, o.replica_kind, o.replica_segment, o.replica_offset, o.size_bytes)
         flags = o.flags[put]
-        seg = np.where(kind == _MEMORY, o.replica_segment[src, slot], -1)
         group = np.where((flags & FLAG_GROUPED) != 0, o.group[put], -1)
         # one string table: the tenants, clients, groups and segment names these rows use, and ""
         strings: list[str] = []
@@ -72,15 +114,12 @@ class Journal:
             strings += names
         key_offsets, key_bytes = string_parts(m.keys.keys_of(rows))
         return OpLogColumns(
-            op=np.where(is_put, np.uint8(OpType.PUT_END), np.uint8(OpType.REMOVE)),
-            **coded, key_offsets=key_offsets, key_bytes=key_bytes,
+            op=op, **coded, key_offsets=key_offsets, key_bytes=key_bytes,
             size=o.size_bytes[put].astype(np.uint64), data_type=o.data_type[put],
             hard_pinned=(flags & FLAG_HARD_PINNED) != 0, soft_pin_enabled=(flags & FLAG_SOFT_PIN_ENABLED) != 0,
-            replica_count=counts[is_put].astype(np.uint32), replica_id=o.replica_id[src, slot], replica_kind=kind,
-            replica_offset=o.replica_offset[src, slot].astype(np.uint64),
-            replica_size=o.size_bytes[src].astype(np.uint64),
-            replica_status=np.full(src.size, _COMPLETE, np.uint8),
-            replica_endpoint=np.full(src.size, len(strings), np.int32),  # the journal logs no endpoint
+            replica_count=count, replica_id=rid, replica_kind=kind, replica_offset=offset, replica_size=size,
+            replica_status=np.full(rid.size, _COMPLETE, np.uint8),
+            replica_endpoint=np.full(rid.size, len(strings), np.int32),  # the journal logs no endpoint
             strings=pa.array(strings + [""], pa.large_string()), segments=())
 
     def _try_reserve(self, n: int) -> Reservation | None:
