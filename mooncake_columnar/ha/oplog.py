@@ -406,13 +406,14 @@ class OpLogColumns:
             arrays = {name: getattr(p, name) for name in _ARRAYS}
             key_offsets, key_bytes, strings = p.key_offsets, p.key_bytes, p.strings
         else:
-            bases = np.cumsum([0] + [len(p.strings) for p in parts[:-1]])
-            arrays = {name: np.concatenate([getattr(p, name) + np.int32(b) for p, b in zip(parts, bases)])
-                      if name in _CODE_ARRAYS else np.concatenate([getattr(p, name) for p in parts])
-                      for name in _ARRAYS}
-            key_base = np.cumsum([0] + [int(p.key_offsets[-1]) for p in parts])
-            key_offsets = np.concatenate([p.key_offsets[:-1] + b for p, b in zip(parts, key_base)]
-                                         + [key_base[-1:]]).astype(np.int64)
+            arrays = {name: np.concatenate([getattr(p, name) for p in parts]) for name in _ARRAYS}
+            # shift each part's codes past the strings of the parts before it (one add per column)
+            bases = np.cumsum([0] + [len(p.strings) for p in parts[:-1]], dtype=np.int32)
+            for name in _CODE_ARRAYS:
+                arrays[name] += np.repeat(bases, [getattr(p, name).size for p in parts])
+            key_base = np.cumsum([0] + [int(p.key_offsets[-1]) for p in parts], dtype=np.int64)
+            key_offsets = np.concatenate([p.key_offsets[:-1] for p in parts] + [key_base[-1:]])
+            key_offsets[:-1] += np.repeat(key_base[:-1], [len(p) for p in parts])
             key_bytes = np.concatenate([p.key_bytes for p in parts])
             strings = pa.concat_arrays([p.strings for p in parts])
         # compact: equal strings share a code, unused ones go (slices keep their parent's table)
