@@ -83,6 +83,23 @@ def bulk_insert_unique(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, k
 
 
 @njit(cache=True, nogil=True)
+def group_by_code(codes, n_codes):
+    """(order, bounds): positions of ``codes`` (in [0, n_codes)) grouped by code, stably (a
+    counting sort); group c is order[bounds[c]:bounds[c + 1]]."""
+    bounds = np.zeros(n_codes + 1, np.int64)
+    for i in range(codes.shape[0]):
+        bounds[codes[i] + 1] += 1
+    for c in range(n_codes):
+        bounds[c + 1] += bounds[c]
+    order = np.empty(codes.shape[0], np.int64)
+    fill = bounds[:-1].copy()
+    for i in range(codes.shape[0]):
+        order[fill[codes[i]]] = i
+        fill[codes[i]] += 1
+    return order, bounds
+
+
+@njit(cache=True, nogil=True)
 def set_key_refs(key_refs, rows, offsets, shift):
     """``key_refs[rows[i]]`` = the ref of key i, bytes [offsets[i], offsets[i + 1]) + ``shift`` of
     the arena. Returns False (refs partly written) if a length does not fit the ref's length bits."""

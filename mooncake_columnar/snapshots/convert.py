@@ -2,7 +2,8 @@
 
 Every formula here is a chain of additions of scalars to the deadline array, so each intermediate
 value is monotonic in the deadline: checking the chain at the array's min and max with Python
-ints proves that no element overflows. Only then is the chain evaluated in NumPy int64.
+ints proves that no element overflows. Only then is the chain applied, as one total shift in one
+pass (two passes in all: min/max, then shift).
 ``INT64_MIN`` (NEVER_LEASED / NO_DEADLINE) is a sentinel, never converted.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numba import njit
 
 from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
 from ..errors import ClockConversionError
@@ -37,25 +39,51 @@ def _check_chain(start: int, steps: Sequence[Step], what: str) -> None:
             raise ClockConversionError(f"{what}: int64 overflow converting deadline {start}")
 
 
+@njit(cache=True, nogil=True)
+def _live_range(values):
+    """(count, min, max) of the values that are not the sentinel."""
+    count, lo, hi = 0, INT64_MAX, INT64_MIN
+    for v in values:
+        if v != SENTINEL:
+            count += 1
+            lo = min(lo, v)
+            hi = max(hi, v)
+    return count, lo, hi
+
+
+@njit(cache=True, nogil=True)
+def _shifted(values, delta):
+    """values + delta (uint64 bits: wrapping, exact whenever the true sum fits int64), the
+    sentinel kept; also whether a shifted value landed on the sentinel."""
+    out = np.empty_like(values)
+    hit = False
+    d = np.uint64(delta)
+    for i in range(values.shape[0]):
+        v = values[i]
+        if v == SENTINEL:
+            out[i] = v
+        else:
+            w = np.int64(np.uint64(v) + d)
+            hit |= w == SENTINEL
+            out[i] = w
+    return out, hit
+
+
 def _apply_chain(values: np.ndarray, steps: Sequence[Step], what: str) -> np.ndarray:
     """``values ± operand ± ...`` in order, with the sentinel kept and overflow rejected."""
-    values = np.asarray(values, dtype=np.int64)
-    live = values != SENTINEL
-    out = values.copy()
-    if not live.any():
-        return out
-    sel = values[live]
-    lo, hi = int(sel.min()), int(sel.max())
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    count, lo, hi = _live_range(values)
+    if not count:
+        return values.copy()
     # Each step's sign decides which end can overflow; checking both ends covers both.
-    _check_chain(lo, steps, what)
-    _check_chain(hi, steps, what)
-    acc = sel
-    for sign, operand in steps:
-        acc = acc + np.int64(operand) if sign > 0 else acc - np.int64(operand)
+    _check_chain(int(lo), steps, what)
+    _check_chain(int(hi), steps, what)
+    # Every intermediate fits, so the total shift applied in two's complement is exact.
+    delta = sum(sign * operand for sign, operand in steps) % (1 << 64)
+    out, hit = _shifted(values, np.uint64(delta))
     # A converted deadline must never land on the sentinel value itself.
-    if (acc == SENTINEL).any():
+    if hit:
         raise ClockConversionError(f"{what}: a deadline converts onto the INT64_MIN sentinel")
-    out[live] = acc
     return out
 
 

@@ -69,15 +69,16 @@ def _np(table: pa.Table, column: str) -> np.ndarray:
 
 
 def name_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
-    """(int32 codes, distinct names) of a string or name-dictionary column: ``names[codes[i]]``
-    is row i's value. A dictionary column costs no per-row string work."""
+    """(codes, distinct names) of a string or name-dictionary column: ``names[codes[i]]`` is row
+    i's value; codes keep the dictionary's index width (int8 is common). A dictionary column
+    costs no per-row string work."""
     if isinstance(column, pa.ChunkedArray):
         if pa.types.is_dictionary(column.type) and column.num_chunks > 1:
             column = column.unify_dictionaries()
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     if not pa.types.is_dictionary(column.type):
         column = pc.dictionary_encode(column)
-    codes = column.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    codes = column.indices.to_numpy(zero_copy_only=False)
     names = column.dictionary.to_pylist()
     if len(set(names)) != len(names):  # a dictionary may repeat a value: one code per name
         first = {name: i for i, name in reversed(list(enumerate(names)))}

@@ -210,8 +210,8 @@ def load_tables(m: "MasterService", state: "SnapshotState", *, segments_readable
     for name, endpoint, client, base, size in zip(*(segments.column(c).to_pylist() for c in
                                                     ("name", "endpoint", "client", "base", "size"))):
         m.segments.mount(Segment(name, endpoint, client, int(base), int(size)), readable=segments_readable)
-    append_objects(m, state.objects, state.replicas)
-    rebuild_allocators(m, range(len(m.segments.info)))
+    rows = append_objects(m, state.objects, state.replicas)
+    _rebuild_allocators(m, rows, state.replicas)
 
 
 def _engine_codes(column: pa.ChunkedArray, dictionary) -> np.ndarray:
@@ -230,10 +230,8 @@ def _new_rows(o, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
         o.reserve(n)
         o.high_water = o.live_count = n
         rows = np.arange(n, dtype=np.int64)
-        for name, fill in (("group", EMPTY_CODE), ("inflight", EMPTY_CODE), ("replica_refcnt", 0),
-                           ("replica_status", 0), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
-                           ("replica_offset", 0), ("replica_id", 0)):
-            getattr(o, name)[:n] = fill
+        for name, fill in (("group", EMPTY_CODE), ("inflight", EMPTY_CODE), ("replica_refcnt", 0)):
+            getattr(o, name)[:n] = fill  # the other columns are written by the loader
         o.group_next[:n] = rows
         return rows, slice(0, n)
     rows = o.take_rows(n)
@@ -310,7 +308,6 @@ def _link_groups(m: "MasterService", rows: np.ndarray, objects: pa.Table) -> Non
 
 def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, fresh: bool) -> None:
     """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
-    from ..snapshots.state import name_codes
     o = m.objects
     oi = replicas.column("object_index").to_numpy()
     if oi.size and (np.diff(oi) > 0).all():
@@ -322,37 +319,41 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
         slot = np.empty_like(oi)
         slot[order] = np.arange(oi.size) - first
     o.ensure_slots(int(slot.max()) + 1 if slot is not None and slot.size else 1)
-    if slot is None and fresh and oi.size == rows.size:  # object i's only replica goes to row i, slot 0: slice writes
-        target = (slice(0, oi.size), 0)
+    if slot is None and fresh and oi.size == rows.size and o.slots == 1:
+        target = (slice(0, oi.size), 0)  # object i's only replica fills row i's only slot
     else:
+        if fresh:  # slots no replica fills are empty
+            for name, fill in (("replica_status", 0), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
+                               ("replica_offset", 0), ("replica_id", 0)):
+                getattr(o, name)[:rows.size] = fill
         target = (rows[oi], 0 if slot is None else slot)
-    codes, names = name_codes(replicas.column("segment"))
-    lut = np.array([m.segments.code(s) for s in names] + [EMPTY_CODE], np.int32)
-    o.replica_segment[target] = lut[codes] if codes.size else EMPTY_CODE
+    o.replica_segment[target] = _segment_codes(m, replicas)
     for name, column in (("replica_kind", "kind"), ("replica_status", "status"),
                          ("replica_offset", "offset"), ("replica_id", "replica_id")):
         getattr(o, name)[target] = replicas.column(column).to_numpy()
 
 
-def occupied_extents(m: "MasterService", codes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(segment code, offset, size) of every memory replica on the given segments, one pass."""
-    o = m.objects
-    hw = o.high_water
-    wanted = np.zeros(max(1, len(m.segments.info)), np.bool_)
-    wanted[list(codes)] = True
-    seg = o.replica_segment[:hw]
-    mem = ((o.replica_kind[:hw] == int(KIND_MEMORY)) & (o.replica_status[:hw] != 0) & (seg >= 0)
-           & ((o.flags[:hw] & FLAG_LIVE) != 0)[:, None])
-    mem &= wanted[np.where(mem, seg, 0)]
-    r, j = np.nonzero(mem)
-    return seg[r, j].astype(np.int64), o.replica_offset[r, j], o.size_bytes[r]
+def _segment_codes(m: "MasterService", replicas: pa.Table) -> np.ndarray:
+    """Each replica's engine segment code by name (-1: none)."""
+    from ..snapshots.state import name_codes
+    codes, names = name_codes(replicas.column("segment"))
+    lut = np.array([m.segments.code(s) for s in names] + [EMPTY_CODE], np.int32)
+    return lut[codes]
 
 
-def rebuild_allocators(m: "MasterService", codes) -> None:
-    """Each listed segment's free space becomes the gaps between its occupied extents."""
-    segs, offs, sizes = occupied_extents(m, codes)
-    by_seg = np.argsort(segs, kind="stable")
-    for code in codes:
-        lo, hi = np.searchsorted(segs[by_seg], [code, code + 1])
-        sel = by_seg[lo:hi]
-        m.segments.rebuild_allocator(code, offs[sel], sizes[sel])
+def _rebuild_allocators(m: "MasterService", rows: np.ndarray, replicas: pa.Table) -> None:
+    """Each segment's free space becomes the gaps between the loaded memory replicas' extents
+    (object size at the replica offset); an overlap or an extent past capacity raises here."""
+    seg = _segment_codes(m, replicas)
+    held = ((replicas.column("kind").to_numpy() == KIND_MEMORY)
+            & (replicas.column("status").to_numpy() != 0) & (seg >= 0))
+    offsets = replicas.column("offset").to_numpy()
+    oi = replicas.column("object_index").to_numpy()
+    sizes = m.objects.size_bytes[rows[oi]] if oi.size else np.zeros(0, np.int64)
+    if not held.all():
+        seg, offsets, sizes = seg[held], offsets[held], sizes[held]
+    n_codes = len(m.segments.info)
+    order, bounds = index_load.group_by_code(seg, n_codes)
+    for code in range(n_codes):
+        sel = order[bounds[code]:bounds[code + 1]]
+        m.segments.rebuild_allocator(code, offsets[sel], sizes[sel])
