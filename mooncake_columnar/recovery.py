@@ -20,7 +20,7 @@ import numpy as np
 from .clock import NS_PER_MS
 from .kernels import allocation as ak
 from .kernels import objects as ok
-from .kernels.leases import grant_soft_pin_masked, grant_until_masked
+from .kernels.leases import grant_recovery_masked
 from .store.segments import Segment
 
 if TYPE_CHECKING:
@@ -129,8 +129,8 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     now = m.clocks.steady_ns()
     deadline = now + m.config.effective_recovery_kv_lease_ttl_ms * NS_PER_MS      # ONE deadline
     soft_deadline = now + m.config.default_kv_soft_pin_ttl_ms * NS_PER_MS         # ONE soft-pin deadline
-    grant_until_masked(o.lease_deadline_ns[:hw], mask, deadline)  # max-update: never shortens
-    grant_soft_pin_masked(o.soft_pin_deadline_ns[:hw], o.flags[:hw], mask, soft_deadline)
+    grant_recovery_masked(o.lease_deadline_ns[:hw], o.soft_pin_deadline_ns[:hw], o.flags[:hw], mask,
+                          deadline, soft_deadline)  # max-update: never shortens
     assignment_s = time.perf_counter() - t0
 
     for code in codes:  # clear invalid endpoints, publish

@@ -8,6 +8,7 @@ from conftest import make_master
 from mooncake_columnar import NEVER_LEASED, ReplicateConfig, SoftPinAction
 from mooncake_columnar.errors import ObjectHasLease
 from mooncake_columnar.kernels import leases
+from mooncake_columnar.schema import FLAG_SOFT_PIN_ENABLED
 
 MS = 1_000_000
 
@@ -30,9 +31,12 @@ def test_phase2_grant_lease_until_never_shortens():
     for row, deadline in [(0, 700), (1, 400), (2, 1_000), (1, 800)]:
         leases.grant_until(lease, row, deadline)
     assert lease.tolist() == [700, 800, 1_000]
-    masked = np.array([100, 900, 50], np.int64)
-    leases.grant_until_masked(masked, np.array([True, True, False]), 600)
-    assert masked.tolist() == [600, 900, 50]
+    masked = np.array([100, 900, 50, 100], np.int64)
+    soft = np.array([100, 900, 50, 100], np.int64)
+    flags = np.array([FLAG_SOFT_PIN_ENABLED, FLAG_SOFT_PIN_ENABLED, FLAG_SOFT_PIN_ENABLED, 0], np.uint8)
+    leases.grant_recovery_masked(masked, soft, flags, np.array([True, True, False, True]), 600, 700)
+    assert masked.tolist() == [600, 900, 50, 600]
+    assert soft.tolist() == [700, 900, 50, 100]  # only soft-pin-enabled objects get a soft pin
 
 
 def test_phase2_read_after_longer_grant_keeps_later_deadline(clocks):

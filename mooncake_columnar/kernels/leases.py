@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..schema import FLAG_GROUP_REFRESH, FLAG_PENDING_SOFT_PIN, FLAG_SOFT_PIN_ENABLED, INT64_MAX
 from .predicates import group_awaits_refresh, is_grouped, is_soft_pin_enabled
@@ -55,21 +55,22 @@ def grant_read_lease(row, now, ttl_ns, lease, flags, group_next):
             break
 
 
-@njit(cache=True, nogil=True)
-def grant_until_masked(deadlines, mask, deadline):
-    """Masked max-update of many rows to one deadline (remount recovery, batch reads)."""
-    for i in range(deadlines.shape[0]):
-        keep = deadlines[i]  # select form (always store): branch-free, vectorizes
-        deadlines[i] = deadline if mask[i] and deadline > keep else keep
+_CHUNKS = 64
 
 
-@njit(cache=True, nogil=True)
-def grant_soft_pin_masked(soft_deadlines, flags, mask, deadline):
-    """Remount: SOFT_PIN_ENABLED objects in ``mask`` get the full soft-pin TTL (max-update)."""
-    for i in range(soft_deadlines.shape[0]):
-        keep = soft_deadlines[i]  # select form (always store): branch-free, vectorizes
-        take = mask[i] and is_soft_pin_enabled(flags[i]) and deadline > keep
-        soft_deadlines[i] = deadline if take else keep
+@njit(cache=True, nogil=True, parallel=True)
+def grant_recovery_masked(lease, soft_deadlines, flags, mask, deadline, soft_deadline):
+    """Remount recovery's assignment, one parallel pass: every object in ``mask`` gets the lease
+    ``deadline`` and, when SOFT_PIN_ENABLED, the soft pin ``soft_deadline`` (both max-update)."""
+    n = lease.shape[0]
+    chunk = (n + _CHUNKS - 1) // _CHUNKS
+    for c in prange(_CHUNKS):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            keep = lease[i]  # select form (always store): branch-free, vectorizes
+            lease[i] = deadline if mask[i] and deadline > keep else keep
+            keep = soft_deadlines[i]
+            take = mask[i] and is_soft_pin_enabled(flags[i]) and soft_deadline > keep
+            soft_deadlines[i] = soft_deadline if take else keep
 
 
 @njit(cache=True)
