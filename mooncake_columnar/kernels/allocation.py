@@ -125,18 +125,49 @@ def _free_sorted(segs, offsets, sizes, starts, lengths, counts, used):
     return bad
 
 
+@njit(cache=True, nogil=True)
+def _by_segment(segs, offsets, sizes, n_segments):
+    """Stable counting sort of extents by segment; also says whether the offsets then ascend
+    within every segment (extents listed in row order usually do: rows are allocated in offset
+    order by bulk loads and restores), in which case no comparison sort is needed."""
+    n = segs.shape[0]
+    start = np.zeros(n_segments + 1, np.int64)
+    for i in range(n):
+        start[segs[i] + 1] += 1
+    for s in range(n_segments):
+        start[s + 1] += start[s]
+    out_seg = np.empty(n, np.int64)
+    out_off = np.empty(n, np.int64)
+    out_len = np.empty(n, np.int64)
+    last = np.full(n_segments, -1, np.int64)
+    ascending = True
+    for i in range(n):
+        s = segs[i]
+        k = start[s]
+        start[s] = k + 1
+        out_seg[k] = s
+        out_off[k] = offsets[i]
+        out_len[k] = sizes[i]
+        ascending &= offsets[i] > last[s]
+        last[s] = offsets[i]
+    return out_seg, out_off, out_len, ascending
+
+
 def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, starts, lengths,
                      counts: np.ndarray, used: np.ndarray) -> int:
     """Free many extents at once: sorted per segment, then merged linearly (one O(n + m) pass per
     segment instead of one array insertion per extent). Returns how many were rejected."""
     if segs.size == 0:
         return 0
-    if offsets.size and int(offsets.max()) < (1 << 47) and int(segs.max()) < (1 << 15):
-        order = np.argsort((segs.astype(np.int64) << 47) | offsets)  # one int64 key: faster than lexsort
-    else:
-        order = np.lexsort((offsets, segs))
-    return int(_free_sorted(np.ascontiguousarray(segs[order], np.int64), np.ascontiguousarray(offsets[order], np.int64),
-                            np.ascontiguousarray(sizes[order], np.int64), starts, lengths, counts, used))
+    segs, offsets, sizes = (np.ascontiguousarray(a, np.int64) for a in (segs, offsets, sizes))
+    by_seg, offs, lens, ascending = _by_segment(segs, offsets, sizes, used.shape[0])
+    if not ascending:
+        if int(offsets.max()) < (1 << 47) and used.shape[0] <= (1 << 15):
+            order = np.argsort((segs << 47) | offsets)  # one int64 key: faster than lexsort
+        else:
+            order = np.lexsort((offsets, segs))
+        by_seg, offs, lens = segs[order], offsets[order], sizes[order]
+    return int(_free_sorted(by_seg, offs, lens, starts, lengths, counts, used))
 
 
 def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.ndarray):
