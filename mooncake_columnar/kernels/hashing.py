@@ -341,12 +341,19 @@ def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
         sorted_hs[fill[g]] = hs[i]
         fill[g] += 1
     crossed = np.zeros(n, np.bool_)
+    touched = np.zeros(regions, np.int64)
     for g in prange(regions):
         stop = ((np.int64(g) + 1) << shift) & mask
-        for t in range(start[g << sub_shift], start[(g + 1) << sub_shift]):
-            h = sorted_hs[t]
-            if _delete_in(table, _slot_value(h, sorted_rows[t]), home_slot(h, mask), stop) < 0:
-                crossed[t] = True
+        lo, hi = start[g << sub_shift], start[(g + 1) << sub_shift]
+        touch = 0
+        for b in range(lo, hi, _BLOCK):
+            for t in range(b, min(hi, b + _BLOCK)):  # load a block's home slots first: misses overlap
+                touch += table[home_slot(sorted_hs[t], mask)]
+            for t in range(b, min(hi, b + _BLOCK)):
+                h = sorted_hs[t]
+                if _delete_in(table, _slot_value(h, sorted_rows[t]), home_slot(h, mask), stop) < 0:
+                    crossed[t] = True
+        touched[g] = touch  # (kept so the compiler keeps the loads)
     for t in range(n):
         if crossed[t]:
             delete_row(table, sorted_rows[t], sorted_hs[t])
