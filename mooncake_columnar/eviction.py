@@ -81,9 +81,10 @@ class _Planner:
         self.m = m
         self.now = now
         o = m.objects
-        self.codes, self.counts, self.skipped = ek.census(
+        self.codes, self.counts, skipped = ek.census(
             now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
             o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.segments.readable)
+        self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
                         + self.counts[ek.SOFT_PINNED_CANDIDATE])
         self.picked: list[np.ndarray] = []  # ascending row sets, while no pass had to walk groups

@@ -19,11 +19,13 @@ _CHUNKS = 64
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def census_codes(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
-                 status, kind, segment, refcnt, seg_readable):
+def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
+           status, kind, segment, refcnt, seg_readable):
     """Classify every row (in parallel chunks): NOT_IN_BASE, IN_BASE (evictable replica, lease
-    live), NO_PIN_CANDIDATE or SOFT_PINNED_CANDIDATE (lease expired). Returns (codes, rows per
-    code, complete memory replicas kept out only by readability: the RFC guard's skips)."""
+    live), NO_PIN_CANDIDATE or SOFT_PINNED_CANDIDATE (lease expired); ``only_tenant`` >= 0
+    restricts everything to one tenant. Returns (codes, rows per code, complete memory replicas
+    kept out only by readability: the RFC guard's skips). Candidates stay codes: listing 10M
+    rows would cost more than the rest of a cycle."""
     codes = np.zeros(rows_hw, np.uint8)
     chunk = (rows_hw + _CHUNKS - 1) // _CHUNKS
     skipped = np.zeros(_CHUNKS, np.int64)
@@ -89,16 +91,6 @@ def rows_coded(codes, code, lease, bound):
     return out
 
 
-def census(now: int, rows_hw: int, tenant, only_tenant: int, flags, lease, soft_deadline,
-           status, kind, segment, refcnt, seg_readable) -> tuple[np.ndarray, np.ndarray, int]:
-    """(a code per row, rows per code, unreadable replicas skipped); ``only_tenant`` >= 0
-    restricts everything to one tenant. Candidates stay codes: listing 10M rows would cost more
-    than the rest of a cycle."""
-    codes, per_code, skipped = census_codes(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
-                                            status, kind, segment, refcnt, seg_readable)
-    return codes, per_code, int(skipped)
-
-
 _SAMPLE = 1 << 16
 
 
@@ -152,7 +144,7 @@ def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
     if k < rows.size:
         if k < rows.size // 4 and rows.size > 4 * _SAMPLE:
             bound = _bound(lease[rows[:: rows.size // _SAMPLE]], k, rows.size)
-            kept = _at_most(rows, lease, bound)
+            kept = _at_most(rows, lease, bound) if bound is not None else rows
             rows = kept if kept.size >= k else rows
         rows = _at_most(rows, lease, _kth(rows, lease, k))
     return rows[np.argsort(lease[rows], kind="stable")][:k]  # stable: ties stay in (ascending) row order
