@@ -434,25 +434,42 @@ def free_extents_of_segment(mask, code, capacity, sizes, rep_status, rep_kind, r
     return REBUILD_OK, starts[:k], lengths[:k], used
 
 
-@njit(cache=True, nogil=True)
+@njit(inline="always", cache=True)
+def _frees_extent(r, j, allocatable, rep_kind, rep_seg):
+    s = rep_seg[r, j]
+    return rep_kind[r, j] == _MEM and s >= 0 and allocatable[s]
+
+
+@njit(cache=True, nogil=True, parallel=True)
 def clear_slots(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off):
     """Clear replica slots (rows[i], slots[i]); returns the memory extents they held on
-    allocatable segments as (segment, offset, size) for one merged free, and the bytes dropped."""
+    allocatable segments as (segment, offset, size) for one merged free, and the bytes dropped.
+    Parallel: chunks count their extents, then fill their share of the output in input order."""
     n = rows.shape[0]
-    segs = np.empty(n, np.int64)
-    offs = np.empty(n, np.int64)
-    lens = np.empty(n, np.int64)
-    k = 0
-    dropped = 0
-    for i in range(n):
-        r, j = rows[i], slots[i]
-        s = rep_seg[r, j]
-        if rep_kind[r, j] == _MEM and s >= 0 and allocatable[s]:
-            segs[k] = s
-            offs[k] = rep_off[r, j]
-            lens[k] = sizes[r]
-            k += 1
-        dropped += sizes[r]
-        rep_status[r, j] = 0
-        rep_seg[r, j] = -1
-    return segs[:k], offs[:k], lens[:k], dropped
+    chunks = 64
+    step = (n + chunks - 1) // chunks
+    start = np.zeros(chunks + 1, np.int64)
+    for c in prange(chunks):
+        k = 0
+        for i in range(c * step, min(n, (c + 1) * step)):
+            k += _frees_extent(rows[i], slots[i], allocatable, rep_kind, rep_seg)
+        start[c + 1] = k
+    for c in range(chunks):
+        start[c + 1] += start[c]
+    segs = np.empty(start[chunks], np.int64)
+    offs = np.empty(start[chunks], np.int64)
+    lens = np.empty(start[chunks], np.int64)
+    dropped = np.zeros(chunks, np.int64)
+    for c in prange(chunks):
+        k = start[c]
+        for i in range(c * step, min(n, (c + 1) * step)):
+            r, j = rows[i], slots[i]
+            if _frees_extent(r, j, allocatable, rep_kind, rep_seg):
+                segs[k] = rep_seg[r, j]
+                offs[k] = rep_off[r, j]
+                lens[k] = sizes[r]
+                k += 1
+            dropped[c] += sizes[r]
+            rep_status[r, j] = 0
+            rep_seg[r, j] = -1
+    return segs, offs, lens, dropped.sum()
