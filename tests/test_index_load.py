@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mooncake_columnar.kernels import hashing as hk
-from mooncake_columnar.kernels.index_load import bulk_insert_unique, set_key_refs
+from mooncake_columnar.kernels.allocation import free_extents_from_occupied
+from mooncake_columnar.kernels.index_load import bulk_insert_unique, gaps_in_offset_order, set_key_refs
 from mooncake_columnar.synthetic import synthetic_keys
 from mooncake_columnar.store.keys import string_buffers
 
@@ -70,3 +71,37 @@ def test_set_key_refs_rejects_an_overlong_key() -> None:
     assert not set_key_refs(refs, np.arange(2), np.array([0, 4, 4 + (1 << hk.KEY_LENGTH_BITS)]), 0)
     assert set_key_refs(refs, np.arange(2), np.array([0, 4, 4 + (1 << hk.KEY_LENGTH_BITS) - 1]), 10)
     assert hk.ref_offset(refs[1]) == 14 and hk.ref_length(refs[1]) == (1 << hk.KEY_LENGTH_BITS) - 1
+
+
+def test_gaps_in_offset_order_match_the_general_rebuild() -> None:
+    rng = np.random.default_rng(3)
+    n, n_seg = 5000, 3
+    seg = rng.integers(0, n_seg, n)
+    sizes = rng.integers(1, 100, n)
+    gaps_before = rng.integers(0, 3, n) * rng.integers(1, 50, n)
+    offsets = np.zeros(n, np.int64)
+    ends = np.zeros(n_seg, np.int64)
+    for i in range(n):  # increasing offsets per segment, with random holes
+        offsets[i] = ends[seg[i]] + gaps_before[i]
+        ends[seg[i]] = offsets[i] + sizes[i]
+    capacity = ends + np.array([0, 7, 1000])  # segment 0 is full to the end
+    ok_, starts, lengths, bounds, used = gaps_in_offset_order(seg, offsets, sizes, capacity)
+    assert ok_
+    for c in range(n_seg):
+        mine = seg == c
+        want_starts, want_lengths = free_extents_from_occupied(int(capacity[c]), offsets[mine], sizes[mine])
+        assert np.array_equal(starts[bounds[c]:bounds[c + 1]], want_starts)
+        assert np.array_equal(lengths[bounds[c]:bounds[c + 1]], want_lengths)
+        assert used[c] == sizes[mine].sum()
+    for bad in ("out_of_order", "overlap", "past_capacity", "empty"):
+        o, z = offsets.copy(), sizes.copy()
+        first, second = np.flatnonzero(seg == 1)[:2]
+        if bad == "out_of_order":
+            o[[first, second]] = o[[second, first]]
+        elif bad == "overlap":
+            o[second] = o[first]
+        elif bad == "past_capacity":
+            z[np.flatnonzero(seg == 0)[-1]] += 1
+        else:
+            z[first] = 0
+        assert not gaps_in_offset_order(seg, o, z, capacity)[0]

@@ -217,12 +217,15 @@ class SnapshotManager:
                 pass
 
     def stop(self, *, wait: bool = True) -> None:
-        """Stop the periodic thread (interrupting its wait) and the writer thread."""
+        """Stop the periodic thread (interrupting its wait) and the writer thread, and free the
+        spare freeze buffers."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and wait:
             thread.join()
         self._executor.shutdown(wait=wait)
+        with self._buffers_lock:
+            self._spare_buffers = None
 
     @property
     def running(self) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numba import njit
 
 from ..errors import SnapshotIntegrityError, SnapshotSchemaError
 from ..schema import (
@@ -103,14 +104,6 @@ def layout_table(schema: pa.Schema, columns: dict[str, object]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema([f.with_type(a.type) for f, a in zip(schema, arrays)]))
 
 
-def segment_rows(replicas: pa.Table, segments: pa.Table) -> np.ndarray:
-    """Each replica's row in ``segments`` by name (-1: no such segment), int64."""
-    codes, names = name_codes(replicas.column("segment"))
-    lut = pc.fill_null(pc.index_in(pa.array(names, pa.string()), value_set=segments.column("name")), -1)
-    lut = np.append(lut.to_numpy(zero_copy_only=False).astype(np.int64), -1)
-    return lut[codes] if codes.size else np.zeros(0, np.int64)
-
-
 _LAYOUTS = {"objects": (OBJECTS_ARROW_SCHEMA, OBJECTS_PAYLOAD_SCHEMA),
             "replicas": (REPLICAS_ARROW_SCHEMA, REPLICAS_PAYLOAD_SCHEMA),
             "segments": (SEGMENTS_ARROW_SCHEMA,)}
@@ -179,40 +172,25 @@ class SnapshotState:
             next_id = -1
         if isinstance(self.replica_next_id, bool) or not 0 <= next_id <= UINT64_MAX:
             raise SnapshotIntegrityError(f"replica_next_id {self.replica_next_id!r} is not a uint64")
-        obj_idx = _np(reps, "object_index")
-        if obj_idx.size and (obj_idx.min() < 0 or obj_idx.max() >= n_obj):
-            raise SnapshotIntegrityError(f"replicas: object_index outside [0, {n_obj})")
-        counts = np.bincount(obj_idx, minlength=n_obj) if n_obj else np.zeros(0, np.int64)
-        if not np.array_equal(counts, _np(self.objects, "replica_count")):
-            raise SnapshotIntegrityError("objects.replica_count disagrees with the replicas table")
-        if reps.num_rows and int(reps.column("replica_id").to_numpy().max()) >= next_id:
-            raise SnapshotIntegrityError("replica_next_id is not above every replica_id")
+        codes, names = name_codes(reps.column("segment"))
+        seg_rows = _segment_lut(names, self.segments)
         offset, size = _np(reps, "offset"), _np(reps, "size")
-        if reps.num_rows and (offset.min() < 0 or size.min() < 0):
-            raise SnapshotIntegrityError("replicas: negative offset or size")
-        self._validate_memory_extents(offset, size, check_overlaps)
+        err, at = _check_replicas(_np(reps, "object_index"), _np(self.objects, "replica_count"),
+                                  _np(reps, "replica_id"), offset, size, _np(reps, "kind"), codes,
+                                  seg_rows, _np(self.segments, "size"), np.uint64(next_id))
+        if err == _UNKNOWN_SEGMENT:
+            raise SnapshotIntegrityError(f"replicas: memory replica on unknown segment "
+                                         f"{reps.column('segment')[at].as_py()!r}")
+        if err:
+            raise SnapshotIntegrityError(_REPLICA_ERRORS[err].format(n=n_obj))
+        if check_overlaps:
+            self._check_overlaps(seg_rows[codes] if codes.size else codes, offset, size)
 
-    def _validate_memory_extents(self, offset: np.ndarray, size: np.ndarray, check_overlaps: bool = True) -> None:
-        reps = self.replicas
-        memory = _np(reps, "kind") == KIND_MEMORY
-        if not memory.any():
-            return
-        seg_code = segment_rows(reps, self.segments)
-        unknown = memory & (seg_code < 0)
-        if unknown.any():
-            bad = reps.column("segment")[int(np.flatnonzero(unknown)[0])].as_py()
-            raise SnapshotIntegrityError(f"replicas: memory replica on unknown segment {bad!r}")
-        all_memory = memory.all()  # the usual case: no masked copies of the columns
-        seg = seg_code if all_memory else seg_code[memory]
-        off, sz = (offset, size) if all_memory else (offset[memory], size[memory])
-        capacity = _np(self.segments, "size")[seg]
-        if (off > capacity - sz).any():  # off + sz > capacity, without overflowing
-            raise SnapshotIntegrityError("replicas: memory extent beyond segment capacity")
-        if not check_overlaps:
-            return
+    def _check_overlaps(self, seg: np.ndarray, off: np.ndarray, sz: np.ndarray) -> None:
         # REMOVED replicas no longer own their extent; every other memory replica does.
-        held = (_np(reps, "status")[memory] != ST_REMOVED) & (sz > 0)
-        seg, off, sz = seg[held], off[held], sz[held]
+        reps = self.replicas
+        held = (_np(reps, "kind") == KIND_MEMORY) & (_np(reps, "status") != ST_REMOVED) & (sz > 0)
+        seg, off, sz = seg[held].astype(np.int64), off[held], sz[held]
         if seg.size and int(off.max()) < (1 << 62) >> int(seg.max()).bit_length():
             # one int64 sort key (segment code in the high bits): about 2x faster than lexsort
             order = np.argsort((seg << (62 - int(seg.max()).bit_length())) | off)
@@ -222,6 +200,80 @@ class SnapshotState:
         same = seg[1:] == seg[:-1]
         if (same & (off[1:] < off[:-1] + sz[:-1])).any():
             raise SnapshotIntegrityError("replicas: overlapping memory extents on one segment")
+
+
+_UNKNOWN_SEGMENT = 5
+_REPLICA_ERRORS = {
+    1: "replicas: object_index outside [0, {n})",
+    2: "objects.replica_count disagrees with the replicas table",
+    3: "replica_next_id is not above every replica_id",
+    4: "replicas: negative offset or size",
+    6: "replicas: memory extent beyond segment capacity",
+}
+
+
+@njit(cache=True, nogil=True)
+def _check_replicas(object_index, replica_count, replica_id, offset, size, kind, seg_codes,
+                    seg_rows, capacity, next_id):
+    """The per-replica checks in one pass, no temporaries when object_index is sorted (as the
+    engine writes it): (error, replica index), error 0 when consistent, else a key of
+    _REPLICA_ERRORS or _UNKNOWN_SEGMENT."""
+    n_obj = replica_count.shape[0]
+    runs = True  # sorted object_index: compare run lengths with replica_count as we go
+    prev, run, expect = -1, 0, 0
+    for i in range(object_index.shape[0]):
+        oi = object_index[i]
+        if oi < 0 or oi >= n_obj:
+            return 1, i
+        if replica_id[i] >= next_id:
+            return 3, i
+        if offset[i] < 0 or size[i] < 0:
+            return 4, i
+        if kind[i] == KIND_MEMORY:
+            row = seg_rows[seg_codes[i]]
+            if row < 0:
+                return _UNKNOWN_SEGMENT, i
+            if offset[i] > capacity[row] - size[i]:  # off + size > capacity, without overflow
+                return 6, i
+        if runs:
+            if oi == prev:
+                run += 1
+            elif oi > prev:
+                if run != (replica_count[prev] if prev >= 0 else 0):
+                    return 2, i
+                for skipped in range(prev + 1, oi):  # objects without a replica
+                    if replica_count[skipped] != 0:
+                        return 2, i
+                prev, run = oi, 1
+            else:
+                runs = False
+    if runs:
+        expect = replica_count[prev] if prev >= 0 else 0
+        if run != expect:
+            return 2, object_index.shape[0]
+        for skipped in range(prev + 1, n_obj):
+            if replica_count[skipped] != 0:
+                return 2, object_index.shape[0]
+        return 0, 0
+    counts = np.zeros(n_obj, np.int64)
+    for i in range(object_index.shape[0]):
+        counts[object_index[i]] += 1
+    for o in range(n_obj):
+        if counts[o] != replica_count[o]:
+            return 2, 0
+    return 0, 0
+
+
+def _segment_lut(names: list[str], segments: pa.Table) -> np.ndarray:
+    """Row in ``segments`` of each name (-1: none), int64."""
+    lut = pc.fill_null(pc.index_in(pa.array(names, pa.string()), value_set=segments.column("name")), -1)
+    return lut.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def segment_rows(replicas: pa.Table, segments: pa.Table) -> np.ndarray:
+    """Each replica's row in ``segments`` by name (-1: no such segment), int64."""
+    codes, names = name_codes(replicas.column("segment"))
+    return _segment_lut(names, segments)[codes] if codes.size else np.zeros(0, np.int64)
 
 
 def segment_usage(replicas: pa.Table, segments: pa.Table) -> np.ndarray:

@@ -210,8 +210,8 @@ def load_tables(m: "MasterService", state: "SnapshotState", *, segments_readable
     for name, endpoint, client, base, size in zip(*(segments.column(c).to_pylist() for c in
                                                     ("name", "endpoint", "client", "base", "size"))):
         m.segments.mount(Segment(name, endpoint, client, int(base), int(size)), readable=segments_readable)
-    rows = append_objects(m, state.objects, state.replicas)
-    _rebuild_allocators(m, rows, state.replicas)
+    append_objects(m, state.objects, state.replicas)
+    _rebuild_allocators(m)
 
 
 def _engine_codes(column: pa.ChunkedArray, dictionary) -> np.ndarray:
@@ -310,7 +310,7 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
     """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
     o = m.objects
     oi = replicas.column("object_index").to_numpy()
-    if oi.size and (np.diff(oi) > 0).all():
+    if oi.size and (oi[1:] > oi[:-1]).all():
         slot = None  # the usual case: one replica per object, in object order
     else:
         order = np.argsort(oi, kind="stable")
@@ -341,18 +341,27 @@ def _segment_codes(m: "MasterService", replicas: pa.Table) -> np.ndarray:
     return lut[codes]
 
 
-def _rebuild_allocators(m: "MasterService", rows: np.ndarray, replicas: pa.Table) -> None:
+def _rebuild_allocators(m: "MasterService") -> None:
     """Each segment's free space becomes the gaps between the loaded memory replicas' extents
-    (object size at the replica offset); an overlap or an extent past capacity raises here."""
-    seg = _segment_codes(m, replicas)
-    held = ((replicas.column("kind").to_numpy() == KIND_MEMORY)
-            & (replicas.column("status").to_numpy() != 0) & (seg >= 0))
-    offsets = replicas.column("offset").to_numpy()
-    oi = replicas.column("object_index").to_numpy()
-    sizes = m.objects.size_bytes[rows[oi]] if oi.size else np.zeros(0, np.int64)
-    if not held.all():
-        seg, offsets, sizes = seg[held], offsets[held], sizes[held]
+    (object size at the replica offset, as the engine frees them); an overlap or an extent past
+    capacity raises here. Reads the loaded engine columns: views when each object has one slot."""
+    o = m.objects
+    n = o.high_water
+    seg, kind, status = o.replica_segment[:n], o.replica_kind[:n], o.replica_status[:n]
+    held = (kind == KIND_MEMORY) & (status != 0) & (seg >= 0)
+    if o.slots == 1 and held.all():
+        seg, offsets, sizes = seg[:, 0], o.replica_offset[:n, 0], o.size_bytes[:n]
+    else:
+        r, j = np.nonzero(held)
+        seg, offsets, sizes = seg[r, j], o.replica_offset[r, j], o.size_bytes[r]
     n_codes = len(m.segments.info)
+    capacity = m.segments.capacity[:n_codes]
+    in_order, starts, lengths, gaps, used = index_load.gaps_in_offset_order(seg, offsets, sizes, capacity)
+    if in_order:  # one streaming pass, no gathered extents
+        for code in range(n_codes):
+            m.segments.install_allocator(code, starts[gaps[code]:gaps[code + 1]],
+                                         lengths[gaps[code]:gaps[code + 1]], int(used[code]))
+        return
     order, bounds = index_load.group_by_code(seg, n_codes)
     for code in range(n_codes):
         sel = order[bounds[code]:bounds[code + 1]]
