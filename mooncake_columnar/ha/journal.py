@@ -35,7 +35,9 @@ _REMOVE_OP = np.uint8(OpType.REMOVE)
 def _dictionary(codes: np.ndarray, name_of: Callable[[int], str]) -> tuple[np.ndarray, list[str]]:
     """Engine dictionary codes (-1: "") -> (batch-local codes, their strings). Python work is
     per distinct value, never per row."""
-    if codes.size == 1 or (codes.size and (codes == codes[0]).all()):  # the usual case: one value
+    if codes.size == 0:  # e.g. the client column of a batch of REMOVEs
+        return np.zeros(0, np.int32), []
+    if codes.size == 1 or (codes == codes[0]).all():  # the usual case: one value
         distinct, local = codes[:1], np.zeros(codes.size, np.int32)
     else:
         distinct, local = np.unique(codes, return_inverse=True)
