@@ -289,3 +289,98 @@ def test_incomplete_replicas_dropped_and_indexes_remapped() -> None:
     assert not any(out.objects.column("processing").to_pylist())
     assert out.segments.column("used").to_numpy().sum() == out.replicas.column("size").to_numpy().sum()
     out.validate()
+
+
+# ---- v2 payload layout: dictionary name columns, xxh3 digest -------------------------------------
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_dictionary_layout_round_trip_and_either_layout_validates() -> None:
+    s = make_state(300, replicas_per_object=2, segments=("seg_a", "seg_b", "seg_c"))
+    enc = s.encoded()
+    for table, names in ((enc.objects, ("tenant", "client", "group")), (enc.replicas, ("segment",))):
+        for name in names:  # few distinct names: the narrowest index type
+            assert table.schema.field(name).type == pa.dictionary(pa.int8(), pa.string())
+    assert enc.objects.schema.field("key").type == pa.large_string()
+    enc.validate()
+    assert enc.plain().objects.equals(s.objects) and enc.plain().replicas.equals(s.replicas)
+    # a dictionary may repeat a value: its codes still mean the same name
+    seg = enc.replicas.column("segment").chunk(0)
+    repeated = pa.DictionaryArray.from_arrays(
+        pa.array(np.where(seg.indices.to_numpy() == 0, 3, seg.indices.to_numpy()).astype(np.int8)),
+        pa.array([*seg.dictionary.to_pylist(), seg.dictionary[0].as_py()]))
+    idx = enc.replicas.schema.get_field_index("segment")
+    reps = enc.replicas.set_column(idx, enc.replicas.schema.field(idx).with_type(repeated.type), repeated)
+    again = dataclasses.replace(enc, replicas=reps).validate()
+    assert again.plain().replicas.equals(s.replicas)
+
+
+def test_payload_is_the_encoded_layout_and_smaller() -> None:
+    s = make_state(2000)
+    encoded = encode_state(s)
+    table = pa.ipc.open_file(pa.py_buffer(encoded[OBJECTS_FILE])).read_all()
+    assert pa.types.is_dictionary(table.schema.field("client").type)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, s.objects.schema) as w:  # what plain strings would have cost
+        w.write_table(s.objects)
+    assert len(encoded[OBJECTS_FILE]) < 0.7 * sink.getvalue().size
+
+
+def test_corrupted_dictionary_index_fails_the_candidate() -> None:
+    s = make_state()
+    p = encode_state(s)
+    objects = s.encoded().objects
+    tenant = objects.column("tenant").chunk(0)
+    bad = pa.DictionaryArray.from_arrays(pa.array(np.full(len(tenant), 5, np.int8)), tenant.dictionary,
+                                         safe=False)  # index 5 of a one-entry dictionary
+    idx = objects.schema.get_field_index("tenant")
+    objects = objects.set_column(idx, objects.schema.field(idx), bad)
+    with pytest.raises(SnapshotPayloadError):
+        decode_state(_with_fixed_digest({**p, OBJECTS_FILE: _ipc(objects)}))
+
+
+def test_corrupted_key_offsets_fail_the_candidate() -> None:
+    s = make_state()
+    p = encode_state(s)
+    objects = s.encoded().objects
+    keys = objects.column("key").chunk(0)
+    _, off, data = keys.buffers()
+    offsets = np.frombuffer(off, np.int64).copy()
+    offsets[3] = offsets[-1] + 1000  # past the data: a kernel would read out of bounds
+    bad = pa.LargeStringArray.from_buffers(len(keys), pa.py_buffer(offsets), data)
+    objects = objects.set_column(1, objects.schema.field(1), bad)
+    with pytest.raises(SnapshotPayloadError):
+        decode_state(_with_fixed_digest({**p, OBJECTS_FILE: _ipc(objects)}))
+
+
+def test_digest_v2_is_xxh3_and_rejects_a_flipped_byte_in_every_payload() -> None:
+    p = encode_state(make_state())
+    digest = json.loads(bytes(p[DIGEST_FILE]))
+    assert digest["version"] == 2 and set(digest["files"][OBJECTS_FILE]) == {"size", "xxh3_128"}
+    for name in (OBJECTS_FILE, REPLICAS_FILE, SEGMENTS_FILE):
+        data = bytearray(p[name])
+        for at in (0, len(data) // 3, len(data) - 1):
+            flipped = bytearray(data)
+            flipped[at] ^= 0x01
+            with pytest.raises(SnapshotDigestError):
+                decode_state({**p, name: bytes(flipped)})
+
+
+def test_digest_v1_sha256_still_verifies() -> None:
+    s = make_state()
+    body = {k: bytes(v) for k, v in encode_state(s).items() if k != DIGEST_FILE}
+    v1 = {**body, DIGEST_FILE: digest_of(body, version=1)}
+    assert json.loads(v1[DIGEST_FILE])["version"] == 1
+    assert decode_state(v1).plain().objects.equals(s.objects)
+    flipped = bytearray(body[REPLICAS_FILE])
+    flipped[len(flipped) // 2] ^= 0xFF
+    with pytest.raises(SnapshotDigestError, match="sha256"):
+        decode_state({**v1, REPLICAS_FILE: bytes(flipped)})
+    bad_version = json.loads(v1[DIGEST_FILE])
+    bad_version["version"] = 3
+    with pytest.raises(SnapshotDigestError):
+        decode_state({**v1, DIGEST_FILE: json.dumps(bad_version).encode()})

@@ -695,3 +695,39 @@ def test_phase3_property_restored_deadlines_follow_the_formula(
         assert set(_deadlines(dropped)) == expect_kept
     finally:
         shutil.rmtree(root)
+
+
+def test_phase3_frozen_columns_ignore_later_mutations_and_arena_compaction(tmp_path: Path) -> None:
+    """The lock covers only the column copy; the key arena is referenced, not copied, which is
+    safe because it is append-only (compaction and growth build a new array)."""
+    from mooncake_columnar.store.arrow_io import frozen_state
+    m, clocks = build_scenario()
+    for i in range(300):
+        _put(m, f"churn_{i:04d}", size=500 + i)
+    before = m.export_state()
+    manager = SnapshotManager(m, _repo(tmp_path))
+    frozen, system_ns, steady_ns, buffers = manager.freeze()
+    # after the freeze: leases, removals, arena compaction, new keys reusing rows and bytes
+    clocks.advance(s=1)
+    m.get_replica_list("leased")
+    m.batch_remove([f"churn_{i:04d}" for i in range(0, 300, 2)], force=True)
+    m.keys._compact_arena()
+    for i in range(200):
+        _put(m, f"later_{i:04d}", size=700)
+    after = frozen_state(frozen).plain()
+    assert after.objects.equals(before.objects) and after.replicas.equals(before.replicas)
+    assert (system_ns, steady_ns) == (clocks.system_ns() - NS_PER_S, clocks.steady_ns() - NS_PER_S)
+    manager.stop()
+
+
+def test_phase3_snapshot_reuses_freeze_buffers(tmp_path: Path) -> None:
+    m, _ = build_scenario()
+    manager = SnapshotManager(m, _repo(tmp_path))
+    manager.snapshot_now()
+    spare = manager._spare_buffers
+    assert spare is not None and spare.arrays
+    held = {name: a.ctypes.data for name, a in spare.arrays.items()}
+    manager.snapshot_now()
+    assert {name: a.ctypes.data for name, a in manager._spare_buffers.arrays.items()} == held
+    manager.stop()
+    assert manager._spare_buffers is None

@@ -327,18 +327,16 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
                                ("replica_offset", 0), ("replica_id", 0)):
                 getattr(o, name)[:rows.size] = fill
         target = (rows[oi], 0 if slot is None else slot)
-    o.replica_segment[target] = _segment_codes(m, replicas)
-    for name, column in (("replica_kind", "kind"), ("replica_status", "status"),
-                         ("replica_offset", "offset"), ("replica_id", "replica_id")):
-        getattr(o, name)[target] = replicas.column(column).to_numpy()
-
-
-def _segment_codes(m: "MasterService", replicas: pa.Table) -> np.ndarray:
-    """Each replica's engine segment code by name (-1: none)."""
     from ..snapshots.state import name_codes
     codes, names = name_codes(replicas.column("segment"))
     lut = np.array([m.segments.code(s) for s in names] + [EMPTY_CODE], np.int32)
-    return lut[codes]
+    if isinstance(target[0], slice):  # straight into the engine column, no temporary
+        np.take(lut, codes, out=o.replica_segment[target])
+    else:
+        o.replica_segment[target] = lut[codes]
+    for name, column in (("replica_kind", "kind"), ("replica_status", "status"),
+                         ("replica_offset", "offset"), ("replica_id", "replica_id")):
+        getattr(o, name)[target] = replicas.column(column).to_numpy()
 
 
 def _rebuild_allocators(m: "MasterService") -> None:
