@@ -384,3 +384,14 @@ def test_digest_v1_sha256_still_verifies() -> None:
     bad_version["version"] = 3
     with pytest.raises(SnapshotDigestError):
         decode_state({**v1, DIGEST_FILE: json.dumps(bad_version).encode()})
+
+
+def test_streamed_payloads_match_in_memory_bytes_and_digest_without_a_prior_write() -> None:
+    from mooncake_columnar.snapshots.arrow_codec import state_payloads
+    s = make_state(40)
+    streamed = state_payloads(s)
+    # digest first (as after an upload that failed before its payloads completed)
+    digest = streamed[DIGEST_FILE].to_buffer()
+    rendered = {name: p.to_buffer() for name, p in streamed.items() if name != DIGEST_FILE}
+    assert digest == digest_of(rendered)
+    assert decode_state({**rendered, DIGEST_FILE: digest}).plain().objects.equals(s.objects)

@@ -81,18 +81,24 @@ class IpcPayload:
         self.write_to(sink)
         return sink.getvalue()
 
+    def described(self) -> tuple[int, str]:
+        """(size, checksum), rendering the file into a counting sink if no write completed (an
+        upload that failed part-way: its backup copy still gets a complete digest)."""
+        if self.checksum is None:
+            self.write_to(pa.MockOutputStream())
+        return self.size, self.checksum
+
 
 class DigestPayload:
-    """``digest.json`` of IPC payloads, rendered when written: after them (publication order)."""
+    """``digest.json`` of IPC payloads, rendered when written: after them (publication order),
+    from the sizes and checksums their writes recorded."""
 
     def __init__(self, payloads: dict[str, IpcPayload]) -> None:
         self.payloads = payloads
 
     def to_buffer(self) -> bytes:
-        if any(p.checksum is None for p in self.payloads.values()):
-            raise RuntimeError("digest.json written before its payloads")
         field = _CHECKSUMS[DIGEST_VERSION][0]
-        return _digest_json(DIGEST_VERSION, {name: {"size": p.size, field: p.checksum}
+        return _digest_json(DIGEST_VERSION, {name: dict(zip(("size", field), p.described()))
                                              for name, p in self.payloads.items()})
 
     def write_to(self, sink: pa.NativeFile) -> None:

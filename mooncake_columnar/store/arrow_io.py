@@ -82,7 +82,8 @@ def freeze(m: "MasterService", alloc: Allocator = _fresh) -> FrozenColumns:
     return FrozenColumns(
         columns=columns, arena=m.keys.arena, inflight_rows=inflight_rows,
         inflight_start_ms=m._put_start_time_ms(inflight_rows),
-        tenants=list(m.tenants._names), clients=list(m.clients._names),
+        tenants=[m.tenants.name(c) for c in range(len(m.tenants))],
+        clients=[m.clients.name(c) for c in range(len(m.clients))],
         group_names=list(m._group_names), segments=list(s.info),
         segment_used=s.used[:len(s.info)].copy(), segment_readable=s.readable[:len(s.info)].copy(),
         replica_next_id=int(m.next_replica_id))
