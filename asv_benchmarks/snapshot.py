@@ -16,7 +16,12 @@ from pathlib import Path
 from mooncake_columnar.bench import build_master
 from mooncake_columnar.clock import ManualClocks
 from mooncake_columnar.master import MasterService
-from mooncake_columnar.snapshots.arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, encode_state
+from mooncake_columnar.snapshots.arrow_codec import (
+    DIGEST_FILE,
+    PAYLOAD_FILES,
+    decode_state,
+    encode_state,
+)
 from mooncake_columnar.snapshots.complete import restore_latest_with, write_snapshot
 from mooncake_columnar.snapshots.manager import SnapshotManager
 from mooncake_columnar.snapshots.repository import SnapshotRepository

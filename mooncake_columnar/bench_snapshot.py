@@ -64,7 +64,10 @@ def _warm_up(build_master) -> None:
 def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_progress: bool = False,
                    v1_sample_objects: int = 200_000) -> dict:
     """Snapshot write/restore seconds and bytes, with ratios to a same-run column copy."""
-    from .bench import build_master, peak_rss_bytes  # bench.py imports this module for AREAS
+    from .bench import (  # bench.py imports this module for AREAS
+        build_master,
+        peak_rss_bytes,
+    )
     _warm_up(build_master)
     clocks = ManualClocks()
     m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,

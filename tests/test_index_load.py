@@ -7,9 +7,13 @@ import pytest
 
 from mooncake_columnar.kernels import hashing as hk
 from mooncake_columnar.kernels.allocation import free_extents_from_occupied
-from mooncake_columnar.kernels.index_load import bulk_insert_unique, gaps_in_offset_order, set_key_refs
-from mooncake_columnar.synthetic import synthetic_keys
+from mooncake_columnar.kernels.index_load import (
+    bulk_insert_unique,
+    gaps_in_offset_order,
+    set_key_refs,
+)
 from mooncake_columnar.store.keys import string_buffers
+from mooncake_columnar.synthetic import synthetic_keys
 
 
 def _keys(n: int, tenants: int = 3, seed: int = 0):

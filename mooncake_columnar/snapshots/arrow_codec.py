@@ -22,7 +22,11 @@ import pyarrow as pa
 import xxhash
 
 from ..errors import SnapshotDigestError, SnapshotPayloadError, SnapshotSchemaError
-from ..schema import OBJECTS_PAYLOAD_SCHEMA, REPLICAS_PAYLOAD_SCHEMA, SEGMENTS_ARROW_SCHEMA
+from ..schema import (
+    OBJECTS_PAYLOAD_SCHEMA,
+    REPLICAS_PAYLOAD_SCHEMA,
+    SEGMENTS_ARROW_SCHEMA,
+)
 from .state import SnapshotState, check_table
 
 OBJECTS_FILE = "objects.arrow"

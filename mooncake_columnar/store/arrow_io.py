@@ -21,8 +21,18 @@ from ..kernels import arena as arena_k
 from ..kernels import hashing as hk
 from ..kernels import index_load
 from ..kernels import objects as ok
-from ..schema import (EMPTY_CODE, FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PROCESSING,
-                      FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, OBJECTS_PAYLOAD_SCHEMA, REPLICAS_PAYLOAD_SCHEMA, SEGMENTS_ARROW_SCHEMA)
+from ..schema import (
+    EMPTY_CODE,
+    FLAG_GROUPED,
+    FLAG_HARD_PINNED,
+    FLAG_LIVE,
+    FLAG_PROCESSING,
+    FLAG_SOFT_PIN_ENABLED,
+    KIND_MEMORY,
+    OBJECTS_PAYLOAD_SCHEMA,
+    REPLICAS_PAYLOAD_SCHEMA,
+    SEGMENTS_ARROW_SCHEMA,
+)
 from .segments import Segment
 
 if TYPE_CHECKING:
@@ -172,7 +182,7 @@ def frozen_state(f: FrozenColumns) -> "SnapshotState":
     seg_names = [s.name if s else "" for s in f.segments]
     seg_code = np.where((kind == KIND_MEMORY) & (seg >= 0), seg, -1)  # other kinds: ""
     src = r_idx if pick is None else pick[r_idx]
-    readable = ok.readable_mask(src, slot.astype(np.int64), c["replica_status"], c["replica_kind"],
+    readable = ok.readable_mask(src, slot.astype(np.int64, copy=False), c["replica_status"], c["replica_kind"],
                                 c["replica_segment"], f.segment_readable)
     replicas = layout_table(REPLICAS_PAYLOAD_SCHEMA, {
         "object_index": r_idx.astype(np.int64, copy=False),
