@@ -44,8 +44,6 @@ FROZEN_OBJECT_COLUMNS = ("flags", "tenant", "client", "group", "size_bytes", "da
                          "lease_deadline_ns", "soft_pin_deadline_ns", "key_ref")
 FROZEN_REPLICA_COLUMNS = ("replica_status", "replica_kind", "replica_segment", "replica_offset",
                           "replica_id")
-# Below this many keys the staged one-by-one insert beats the bulk build's partitioning.
-_BULK_INDEX_MIN_KEYS = 1 << 16
 
 # (name, shape, dtype) -> an array to copy into; lets a caller hand out reusable, already
 # page-faulted buffers (first touches of fresh memory cost more than the copy itself).
@@ -290,8 +288,7 @@ def _load_keys(m: "MasterService", rows: np.ndarray, keys: pa.ChunkedArray) -> N
     m.keys.arena[start:start + nbytes] = data[offsets[0]:offsets[-1]]
     if not index_load.set_key_refs(o.key_ref, rows, offsets, start - int(offsets[0])):
         raise SnapshotIntegrityError(f"objects: a key is longer than {(1 << hk.KEY_LENGTH_BITS) - 1} bytes")
-    insert = index_load.bulk_insert_unique if n >= _BULK_INDEX_MIN_KEYS else hk.insert_rows_unique
-    dup = insert(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
+    dup = index_load.bulk_insert_unique(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
     if dup >= 0:
         raise SnapshotIntegrityError(f"objects: duplicate (tenant, key) ({m.tenants.name(int(o.tenant[rows[dup]]))}, "
                                      f"{keys[dup]})")
