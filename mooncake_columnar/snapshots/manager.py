@@ -152,7 +152,7 @@ class SnapshotManager:
         metrics = self.master.metrics
         try:
             sid = self._next_id(system_ns)
-            state = frozen_state(frozen)
+            state = frozen_state(frozen, buffers.alloc)
             if self.write_v1:
                 payloads = encode_v1(state.plain(), system_now_ns=system_ns, steady_now_ns=steady_ns)
                 manifest = v1_manifest(sid).encode()

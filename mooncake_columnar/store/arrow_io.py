@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
+from numba import njit
 
 from ..errors import SnapshotIntegrityError
 from ..kernels import arena as arena_k
@@ -105,67 +106,99 @@ def _names(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     return name_array(codes, names)
 
 
-def _keys(arena: np.ndarray, refs: np.ndarray, rows: np.ndarray | None) -> pa.Array:
-    """The keys of ``refs`` (of ``rows``, when given) as a large_string array. Keys laid out back to
-    back in the arena (a bulk load or a restore, with no removal since) are one slice of it."""
-    if rows is not None:
-        refs = refs[rows]
+@njit(cache=True, nogil=True)
+def _contiguous_offsets(refs, out):
+    """Fill out[:n + 1] with the offsets of keys ``refs`` relative to the first key's start and
+    return True if they lie back to back in the arena (one slice of it), else False."""
+    base = refs[0] >> hk.KEY_LENGTH_BITS
+    out[0] = 0
+    for i in range(refs.shape[0]):
+        if (refs[i] >> hk.KEY_LENGTH_BITS) - base != out[i]:
+            return False
+        out[i + 1] = out[i] + (refs[i] & ((1 << hk.KEY_LENGTH_BITS) - 1))
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _flag_bits(flags, bit):
+    """An Arrow boolean buffer (LSB-first bits) of ``flags & bit != 0``: no byte-per-row mask."""
+    out = np.zeros((flags.shape[0] + 7) // 8, np.uint8)
+    for i in range(flags.shape[0]):
+        if flags[i] & bit:
+            out[i >> 3] |= np.uint8(1 << (i & 7))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _iota(out):
+    for i in range(out.shape[0]):
+        out[i] = i
+    return out
+
+
+def _flag(flags: np.ndarray, bit: np.uint8) -> pa.Array:
+    return pa.Array.from_buffers(pa.bool_(), flags.shape[0], [None, pa.py_buffer(_flag_bits(flags, bit))])
+
+
+def _keys(arena: np.ndarray, refs: np.ndarray, alloc: Allocator) -> pa.Array:
+    """The keys of ``refs`` as a large_string array. Keys laid out back to back in the arena (a
+    bulk load or a restore, with no removal since) are one slice of it, else gathered."""
     n = refs.shape[0]
-    start = refs >> hk.KEY_LENGTH_BITS
-    length = refs & ((1 << hk.KEY_LENGTH_BITS) - 1)
-    if n and (start[1:] == start[:-1] + length[:-1]).all():
-        offsets = np.empty(n + 1, np.int64)
-        np.subtract(start, start[0], out=offsets[:-1])
-        offsets[-1] = offsets[-2] + length[-1]
-        data = arena[start[0]:start[0] + offsets[-1]]
+    offsets = alloc("key_offsets", (n + 1,), np.dtype(np.int64))
+    if n and _contiguous_offsets(refs, offsets):
+        start = int(refs[0] >> hk.KEY_LENGTH_BITS)
+        data = arena[start:start + offsets[-1]]
     else:
         offsets, data = arena_k.gather_keys(arena, refs, np.arange(n, dtype=np.int64))
     return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
-def frozen_state(f: FrozenColumns) -> "SnapshotState":
+def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState":
     """The encoded-layout SnapshotState of a frozen master (no lock needed: only copies are read).
 
-    Columns are zero-copy views of the frozen copies where every row is live (the usual case).
+    Columns are zero-copy views of the frozen copies where every row is live (the usual case);
+    the larger derived arrays come from ``alloc`` (reused buffers: the tables reference them
+    until published).
     """
     from ..snapshots.state import SnapshotState, layout_table
     c = f.columns
     flags = c["flags"]
-    hw = flags.shape[0]
-    live = np.flatnonzero(flags & FLAG_LIVE)
-    pick = None if live.size == hw else live  # None: every row, no gather
+    is_live = (flags & FLAG_LIVE) != 0
+    live = None if is_live.all() else np.flatnonzero(is_live)  # None: every row, no gather
 
     def rows(a: np.ndarray) -> np.ndarray:
-        return a if pick is None else a[pick]
+        return a if live is None else a[live]
 
     fl = rows(flags)
     n = fl.shape[0]
     grouped = (fl & FLAG_GROUPED) != 0
     put_start = np.zeros(n, np.int64)
-    inflight = (flags[f.inflight_rows] & FLAG_LIVE) != 0  # a freed row may keep a stale slot
-    put_start[np.searchsorted(live, f.inflight_rows[inflight])] = f.inflight_start_ms[inflight]
+    inflight = f.inflight_rows[is_live[f.inflight_rows]]  # a freed row may keep a stale slot
+    put_start[inflight if live is None else np.searchsorted(live, inflight)] = \
+        f.inflight_start_ms[is_live[f.inflight_rows]]
     status = rows(c["replica_status"])
     used = status != 0
     objects = layout_table(OBJECTS_PAYLOAD_SCHEMA, {
         "tenant": _names(rows(c["tenant"]), f.tenants),
-        "key": _keys(f.arena, c["key_ref"], pick),
+        "key": _keys(f.arena, rows(c["key_ref"]), alloc),
         "client": _names(rows(c["client"]), f.clients),
         "size_bytes": rows(c["size_bytes"]),
         "data_type": rows(c["data_type"]),
         "group": _names(np.where(grouped, rows(c["group"]), -1) if grouped.any()
                         else np.zeros(n, np.int8), f.group_names if grouped.any() else [""]),
-        "hard_pinned": (fl & FLAG_HARD_PINNED) != 0,
-        "soft_pin_enabled": (fl & FLAG_SOFT_PIN_ENABLED) != 0,
+        "hard_pinned": _flag(fl, FLAG_HARD_PINNED),
+        "soft_pin_enabled": _flag(fl, FLAG_SOFT_PIN_ENABLED),
         "lease_deadline_ns": rows(c["lease_deadline_ns"]),
         "soft_pin_deadline_ns": rows(c["soft_pin_deadline_ns"]),
         "put_start_time_ms": put_start,
-        "processing": (fl & FLAG_PROCESSING) != 0,
-        "replica_count": used.sum(axis=1, dtype=np.int32),
+        "processing": _flag(fl, FLAG_PROCESSING),
+        "replica_count": np.sum(used, axis=1, dtype=np.int32,
+                                out=alloc("replica_count", (n,), np.dtype(np.int32))),
     })
 
     # replicas: one row per used slot, in object order
     if used.all() and status.shape[1] == 1:  # one replica per object: every column is a view
-        r_idx, slot = np.arange(n, dtype=np.int64), np.zeros(n, np.int64)
+        r_idx, slot = _iota(alloc("object_index", (n,), np.dtype(np.int64))), np.zeros(n, np.int64)
 
         def reps(name: str) -> np.ndarray:
             return rows(c[name])[:, 0]
@@ -178,8 +211,9 @@ def frozen_state(f: FrozenColumns) -> "SnapshotState":
         src_size = rows(c["size_bytes"])[r_idx]
     kind, seg = reps("replica_kind"), reps("replica_segment")
     seg_names = [s.name if s else "" for s in f.segments]
-    seg_code = np.where((kind == KIND_MEMORY) & (seg >= 0), seg, -1)  # other kinds: ""
-    src = r_idx if pick is None else pick[r_idx]
+    all_memory = bool((kind == KIND_MEMORY).all()) and (not seg.size or seg.min() >= 0)
+    seg_code = seg if all_memory else np.where((kind == KIND_MEMORY) & (seg >= 0), seg, -1)  # others: ""
+    src = r_idx if live is None else live[r_idx]
     readable = ok.readable_mask(src, slot.astype(np.int64, copy=False), c["replica_status"], c["replica_kind"],
                                 c["replica_segment"], f.segment_readable)
     replicas = layout_table(REPLICAS_PAYLOAD_SCHEMA, {
