@@ -34,15 +34,15 @@ def _hash_rows(rows, arena, key_refs, row_tenant):
 
 
 @njit(cache=True, nogil=True)
-def _partition(rows, hashes, mask, shift):
-    """(rows, hashes) reordered by home slot >> shift (a counting sort). Both are copied into
-    partition order, not gathered through an index: the insert pass then reads them sequentially."""
+def _partition(rows, hashes, mask, shift, part_rows):
+    """(rows, hashes) reordered by home slot >> shift (a counting sort) into ``part_rows`` (int32
+    when rows fit: less memory) and a new hash array. Both are copied into partition order, not
+    gathered through an index: the insert pass then reads them sequentially."""
     starts = np.zeros((mask >> shift) + 2, np.int64)
     for i in range(hashes.shape[0]):
         starts[(hk.home_slot(hashes[i], mask) >> shift) + 1] += 1
     for p in range(starts.shape[0] - 1):
         starts[p + 1] += starts[p]
-    part_rows = np.empty_like(rows)
     part_hashes = np.empty_like(hashes)
     for i in range(hashes.shape[0]):
         p = hk.home_slot(hashes[i], mask) >> shift
@@ -78,7 +78,9 @@ def bulk_insert_unique(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, k
         return -1
     mask = table.shape[0] - 1
     shift = max(0, mask.bit_length() - _PARTITION_BITS)
-    part_rows, part_hashes = _partition(rows, _hash_rows(rows, arena, key_refs, row_tenant), mask, shift)
+    part_rows = np.empty(rows.size, np.int32 if rows.max() <= np.iinfo(np.int32).max else np.int64)
+    part_rows, part_hashes = _partition(rows, _hash_rows(rows, arena, key_refs, row_tenant), mask, shift,
+                                        part_rows)
     dup = int(_insert_all(table, part_rows, part_hashes, arena, key_refs, row_tenant))
     return -1 if dup < 0 else int(np.flatnonzero(rows == dup)[0])
 

@@ -136,6 +136,15 @@ def _iota(out):
     return out
 
 
+@njit(cache=True, nogil=True)
+def _or_flag(flags, bits, offset, bit):
+    """flags[i] |= bit where Arrow bitmap ``bits`` (LSB first, from bit ``offset``) has row i set."""
+    for i in range(flags.shape[0]):
+        j = i + offset
+        if (bits[j >> 3] >> (j & 7)) & 1:
+            flags[i] |= bit
+
+
 def _flag(flags: np.ndarray, bit: np.uint8) -> pa.Array:
     return pa.Array.from_buffers(pa.bool_(), flags.shape[0], [None, pa.py_buffer(_flag_bits(flags, bit))])
 
@@ -295,7 +304,10 @@ def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) ->
     flags[:] = FLAG_LIVE
     for name, bit in (("hard_pinned", FLAG_HARD_PINNED), ("soft_pin_enabled", FLAG_SOFT_PIN_ENABLED),
                       ("processing", FLAG_PROCESSING)):
-        flags |= objects.column(name).to_numpy(zero_copy_only=False).view(np.uint8) * bit
+        column = objects.column(name)
+        bools = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        if n:  # straight from the Arrow bitmap: no byte-per-row mask
+            _or_flag(flags, np.frombuffer(bools.buffers()[1], np.uint8), bools.offset, bit)
     if not isinstance(sel, slice):
         o.flags[sel] = flags
     processing = np.flatnonzero(flags & FLAG_PROCESSING)
