@@ -2,7 +2,7 @@
 client remounts it, and only then do its objects get ONE fresh recovery lease.
 
 Exact ordering, under the master's lock: validate -> locate the replicas of the remounted segments
-(one columnar pass, a boolean object mask deduplicates without a hash table) -> rebuild each
+(one columnar pass, a bitset of object rows deduplicates without a hash table) -> rebuild each
 allocator from the occupied extents -> replace buffers -> verify -> one recovery deadline and one
 soft-pin deadline -> masked max-update of the lease (and soft-pin) columns -> clear invalid
 endpoints -> publish readable. Any failure before publication grants nothing, publishes nothing,
@@ -50,20 +50,20 @@ class RecoveryFault(RuntimeError):
     """Raised by an injected fault hook (tests) to fail a remount at a named step."""
 
 
-def _rebuild_one(m: "MasterService", mask: np.ndarray, on: np.ndarray, code: int) -> tuple[np.ndarray, np.ndarray, int]:
+def _rebuild_one(m: "MasterService", bits: np.ndarray, on: np.ndarray, code: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(free starts, free lengths, used bytes) of segment ``code`` from its occupied extents; a
     streaming pass when replicas lie in offset order, else gather + sort. Raises ValueError on
     an overlap or an extent beyond the capacity."""
     o, seg = m.objects, m.segments
     capacity = int(seg.capacity[code])
     status, starts, lengths, used = ok.free_extents_of_segment(
-        mask, code, capacity, o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset)
+        bits, code, capacity, o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset)
     if status == ok.REBUILD_OK:
         return starts, lengths, int(used)
     if status == ok.REBUILD_UNSORTED:
         only = np.zeros_like(on)
         only[code] = True
-        _, offs, sizes = ok.segment_extents(mask, only, o.size_bytes, o.replica_status, o.replica_kind,
+        _, offs, sizes = ok.segment_extents(bits, only, o.size_bytes, o.replica_status, o.replica_kind,
                                             o.replica_segment, o.replica_offset)
         starts, lengths = ak.free_extents_from_occupied(capacity, offs, sizes)
         return starts, lengths, int(sizes.sum())
@@ -73,7 +73,8 @@ def _rebuild_one(m: "MasterService", mask: np.ndarray, on: np.ndarray, code: int
 
 @dataclass(frozen=True)
 class _Recovered:
-    mask: np.ndarray
+    bits: np.ndarray                 # the recovered objects (kernels.rowbits)
+    matched: int
     deadline: int
     locate_seconds: float
     rebuild_seconds: float
@@ -94,14 +95,14 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     hw = o.high_water
     on = np.zeros(max(1, len(seg.info)), np.bool_)
     on[codes] = True
-    mask = ok.objects_on_segments(on, hw, o.flags, o.replica_status, o.replica_kind, o.replica_segment)
+    bits, matched = ok.objects_on_segments(on, hw, o.flags, o.replica_status, o.replica_kind, o.replica_segment)
     locate_s = time.perf_counter() - t_locate
 
     step("rebuild_allocators")
     t_rebuild = time.perf_counter()
     rebuilt = {}
     for code, _ in segments:  # nothing is installed until every segment rebuilt cleanly
-        rebuilt[code] = _rebuild_one(m, mask, on, code)
+        rebuilt[code] = _rebuild_one(m, bits, on, code)
     rebuild_s = time.perf_counter() - t_rebuild
     saved = {c: (seg.extent_starts[c], seg.extent_lengths[c], int(seg.extent_counts[c]), int(seg.used[c]),
                  seg.info[c]) for c in codes}
@@ -129,7 +130,7 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     now = m.clocks.steady_ns()
     deadline = now + m.config.effective_recovery_kv_lease_ttl_ms * NS_PER_MS      # ONE deadline
     soft_deadline = now + m.config.default_kv_soft_pin_ttl_ms * NS_PER_MS         # ONE soft-pin deadline
-    grant_recovery_masked(o.lease_deadline_ns[:hw], o.soft_pin_deadline_ns[:hw], o.flags[:hw], mask,
+    grant_recovery_masked(o.lease_deadline_ns, o.soft_pin_deadline_ns, o.flags, bits,
                           deadline, soft_deadline)  # max-update: never shortens
     assignment_s = time.perf_counter() - t0
 
@@ -141,4 +142,4 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     if ttl_ms and assignment_s * 1000 > MATERIAL_TTL_SHARE * ttl_ms:
         log.warning("remount of %d segment(s): deadline assignment took %.3f s of a %d ms recovery TTL",
                     len(codes), assignment_s, ttl_ms)
-    return _Recovered(mask, deadline, locate_s, rebuild_s, assignment_s, visible_ms)
+    return _Recovered(bits, int(matched), deadline, locate_s, rebuild_s, assignment_s, visible_ms)

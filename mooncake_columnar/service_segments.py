@@ -120,7 +120,7 @@ class SegmentsMixin:
                 self.journal.segment(self, seg, mounted=True)
         self._ok_clients.add(client)
         report = RemountReport(
-            client, tuple(s.name for _, s in restored), len(plain), int(rec.mask.sum()) if rec else 0,
+            client, tuple(s.name for _, s in restored), len(plain), rec.matched if rec else 0,
             self.config.effective_recovery_kv_lease_ttl_ms, rec.deadline if rec else 0,
             rec.locate_seconds if rec else 0.0, rec.rebuild_seconds if rec else 0.0,
             rec.assignment_seconds if rec else 0.0, time.perf_counter() - t0, rec.visible_ttl_ms if rec else 0.0)

@@ -7,7 +7,7 @@ import pytest
 from conftest import make_master
 from mooncake_columnar import NEVER_LEASED, ReplicateConfig, SoftPinAction
 from mooncake_columnar.errors import ObjectHasLease
-from mooncake_columnar.kernels import leases
+from mooncake_columnar.kernels import leases, rowbits
 from mooncake_columnar.schema import FLAG_SOFT_PIN_ENABLED
 
 MS = 1_000_000
@@ -34,7 +34,7 @@ def test_phase2_grant_lease_until_never_shortens():
     masked = np.array([100, 900, 50, 100], np.int64)
     soft = np.array([100, 900, 50, 100], np.int64)
     flags = np.array([FLAG_SOFT_PIN_ENABLED, FLAG_SOFT_PIN_ENABLED, FLAG_SOFT_PIN_ENABLED, 0], np.uint8)
-    leases.grant_recovery_masked(masked, soft, flags, np.array([True, True, False, True]), 600, 700)
+    leases.grant_recovery_masked(masked, soft, flags, rowbits.from_bool([True, True, False, True]), 600, 700)
     assert masked.tolist() == [600, 900, 50, 600]
     assert soft.tolist() == [700, 900, 50, 100]  # only soft-pin-enabled objects get a soft pin
 

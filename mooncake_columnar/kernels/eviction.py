@@ -34,10 +34,13 @@ def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
         local_skipped = in_base = no_pin = soft = 0
         for r in range(c * chunk, min(rows_hw, (c + 1) * chunk)):
             f = flags[r]
-            if not is_live(f) or is_hard_pinned(f):
+            if not is_live(f):
                 continue
-            if only_tenant >= 0 and tenant[r] != only_tenant:
+            if is_hard_pinned(f):
                 continue
+            if only_tenant >= 0:
+                if tenant[r] != only_tenant:
+                    continue
             if not object_has_evictable_memory_replica(r, status, kind, segment, refcnt, seg_readable):
                 if lease_expired(lease[r], now):
                     for j in range(status.shape[1]):
@@ -79,9 +82,13 @@ def rows_coded(codes, code, lease, bound):
     for c in prange(_CHUNKS):
         k = c * chunk
         for r in range(c * chunk, min(n, (c + 1) * chunk)):
-            if codes[r] == code and (bound is None or lease[r] <= bound):
-                found[k] = r
-                k += 1
+            if codes[r] != code:
+                continue
+            if bound is not None:
+                if lease[r] > bound:
+                    continue
+            found[k] = r
+            k += 1
         count[c] = k - c * chunk
     out = np.empty(count.sum(), np.int64)
     k = 0
@@ -268,7 +275,9 @@ def finalize(rows, codes, now, flags, lease, soft_deadline, status, kind, segmen
         keep[i] = is_eviction_candidate(r, now, codes[r] == PLANNED_SOFT, flags, lease, soft_deadline,
                                         status, kind, segment, refcnt, seg_readable)
         for j in range(status.shape[1]):
-            drop = keep[i] and is_evictable_memory_replica(status[r, j], kind[r, j], segment[r, j],
-                                                           refcnt[r, j], seg_readable)
+            drop = False
+            if keep[i]:
+                drop = is_evictable_memory_replica(status[r, j], kind[r, j], segment[r, j], refcnt[r, j],
+                                                   seg_readable)
             removed[i, j] = drop
-            remaining[i, j] = slot_in_use(status[r, j]) and not drop
+            remaining[i, j] = False if drop else slot_in_use(status[r, j])

@@ -95,8 +95,9 @@ def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, 
             return -1, i
         if _same_tag(v, h):
             r = v & _ROW_MASK
-            if row_tenant[r] == tenant and _key_equals(arena, key_refs[r], data, start, length):
-                return r, -1
+            if row_tenant[r] == tenant:
+                if _key_equals(arena, key_refs[r], data, start, length):
+                    return r, -1
         i = (i + 1) & mask
 
 
@@ -195,6 +196,16 @@ def hash_batch(offsets, data, tenants):
 _BLOCK = 32
 
 
+@njit(inline="always", cache=True)
+def _first_slot_holds(v, h, slot_tenant, tenant, arena, ref, data, start, length):
+    # one test per `if`: Numba compiles `and` chains several times slower in hot loops
+    if not _same_tag(v, h):
+        return False
+    if slot_tenant != tenant:
+        return False
+    return _key_equals(arena, ref, data, start, length)
+
+
 @njit(cache=True)
 def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
     """Rows of a batch of keys (-1 for absent).
@@ -218,10 +229,11 @@ def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
             vs[t] = table[home_slot(h, mask)]
         for t in range(m):
             v = vs[t]
-            if v >= 0 and _same_tag(v, hs[t]):
-                r = v & _ROW_MASK
-                refs[t] = key_refs[r]
-                tns[t] = row_tenant[r]
+            if v >= 0:
+                if _same_tag(v, hs[t]):
+                    r = v & _ROW_MASK
+                    refs[t] = key_refs[r]
+                    tns[t] = row_tenant[r]
         for t in range(m):
             i = b + t
             s = offsets[i]
@@ -229,8 +241,7 @@ def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
             v = vs[t]
             if v == EMPTY_SLOT:
                 out[i] = -1
-            elif (_same_tag(v, hs[t]) and tns[t] == tenants[i]
-                  and _key_equals(arena, refs[t], data, s, ln)):
+            elif _first_slot_holds(v, hs[t], tns[t], tenants[i], arena, refs[t], data, s, ln):
                 out[i] = v & _ROW_MASK
             else:  # first slot is someone else: continue probing the slow way
                 out[i] = find_row(table, arena, key_refs, row_tenant, data, s, ln, tenants[i], hs[t])

@@ -6,6 +6,7 @@ from numba import njit, prange
 
 from ..schema import FLAG_GROUP_REFRESH, FLAG_PENDING_SOFT_PIN, FLAG_SOFT_PIN_ENABLED, INT64_MAX
 from .predicates import group_awaits_refresh, is_grouped, is_soft_pin_enabled
+from .rowbits import has_bit
 
 _REFRESH = int(FLAG_GROUP_REFRESH)
 _SOFT_ENABLED = int(FLAG_SOFT_PIN_ENABLED)
@@ -59,18 +60,23 @@ _CHUNKS = 64
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def grant_recovery_masked(lease, soft_deadlines, flags, mask, deadline, soft_deadline):
-    """Remount recovery's assignment, one parallel pass: every object in ``mask`` gets the lease
-    ``deadline`` and, when SOFT_PIN_ENABLED, the soft pin ``soft_deadline`` (both max-update)."""
-    n = lease.shape[0]
-    chunk = (n + _CHUNKS - 1) // _CHUNKS
+def grant_recovery_masked(lease, soft_deadlines, flags, bits, deadline, soft_deadline):
+    """Remount recovery's assignment, one parallel pass: every object in the bitset ``bits``
+    (:mod:`.rowbits`) gets the lease ``deadline`` and, when SOFT_PIN_ENABLED, the soft pin
+    ``soft_deadline`` (both max-update)."""
+    words = bits.shape[0]
+    step = (words + _CHUNKS - 1) // _CHUNKS
     for c in prange(_CHUNKS):
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
-            keep = lease[i]  # select form (always store): branch-free, vectorizes
-            lease[i] = deadline if mask[i] and deadline > keep else keep
-            keep = soft_deadlines[i]
-            take = mask[i] and is_soft_pin_enabled(flags[i]) and soft_deadline > keep
-            soft_deadlines[i] = soft_deadline if take else keep
+        for w in range(c * step, min(words, (c + 1) * step)):
+            word = bits[w]
+            if word == 0:
+                continue
+            for b in range(64):
+                if has_bit(word, b):
+                    i = (w << 6) + b
+                    grant_until(lease, i, deadline)
+                    if is_soft_pin_enabled(flags[i]):
+                        grant_until(soft_deadlines, i, soft_deadline)
 
 
 @njit(cache=True)

@@ -12,6 +12,7 @@ from ..schema import FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEM
 from . import allocation as ak
 from . import hashing as hk
 from .leases import commit_soft_pin, grant_read_lease, grant_until
+from .rowbits import bit, has_bit, words_for
 from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_put_in_flight,
                          is_readable_replica, lease_expired, slot_in_use, slot_is_complete,
                          slot_is_processing, slot_is_removed)
@@ -339,94 +340,143 @@ def readable_mask(rows, slots, rep_status, rep_kind, rep_seg, seg_readable):
 
 @njit(inline="always", cache=True)
 def _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+    # one test per `if`: Numba compiles `and`/`or` chains several times slower in hot loops
+    if not slot_in_use(rep_status[r, j]):
+        return False
+    if rep_kind[r, j] != _MEM:
+        return False
     s = rep_seg[r, j]
-    return slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and s >= 0 and on_segment[s]
+    if s < 0:
+        return False
+    return on_segment[s]
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def objects_on_segments(on_segment, rows_hw, flags, rep_status, rep_kind, rep_seg):
-    """Remount's one columnar pass: a boolean mask of the objects with a memory replica on any
-    segment flagged in ``on_segment`` (each object once, however many replicas match)."""
-    mask = np.zeros(rows_hw, np.bool_)
+    """Remount's one columnar pass: the bitset (:mod:`.rowbits`) of the objects with a memory
+    replica on any segment flagged in ``on_segment`` (each object once, however many replicas
+    match), and how many there are."""
+    words = words_for(rows_hw)
+    bits = np.empty(words, np.uint64)
     chunks = 64
-    step = (rows_hw + chunks - 1) // chunks
-    for c in prange(chunks):
-        for r in range(c * step, min(rows_hw, (c + 1) * step)):
-            if is_live(flags[r]):
-                for j in range(rep_status.shape[1]):
-                    if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-                        mask[r] = True
-    return mask
+    step = (words + chunks - 1) // chunks
+    found = np.zeros(chunks, np.int64)
+    for c in prange(chunks):  # chunks of whole words: no two threads write one word
+        k = 0
+        for w in range(c * step, min(words, (c + 1) * step)):
+            word = np.uint64(0)
+            for b in range(min(64, rows_hw - (w << 6))):
+                r = (w << 6) + b
+                if is_live(flags[r]):
+                    for j in range(rep_status.shape[1]):
+                        if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                            word |= bit(b)
+                            k += 1
+                            break
+            bits[w] = word
+        found[c] = k
+    return bits, found.sum()
 
 
 @njit(cache=True, nogil=True)
-def segment_extents(mask, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off):
-    """(segment, offset, size) of the matching replicas of the masked objects (allocator rebuild)."""
+def segment_extents(bits, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off):
+    """(segment, offset, size) of the matching replicas of the objects in ``bits`` (allocator
+    rebuild), in row order."""
     count = 0
-    for r in range(mask.shape[0]):
-        if mask[r]:
-            for j in range(rep_status.shape[1]):
-                if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-                    count += 1
+    for w in range(bits.shape[0]):
+        word = bits[w]
+        if word:
+            for b in range(64):
+                if has_bit(word, b):
+                    r = (w << 6) + b
+                    for j in range(rep_status.shape[1]):
+                        if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                            count += 1
     segs = np.empty(count, np.int64)
     offs = np.empty(count, np.int64)
     lens = np.empty(count, np.int64)
     k = 0
-    for r in range(mask.shape[0]):
-        if mask[r]:
-            for j in range(rep_status.shape[1]):
-                if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-                    segs[k] = rep_seg[r, j]
-                    offs[k] = rep_off[r, j]
-                    lens[k] = sizes[r]
-                    k += 1
+    for w in range(bits.shape[0]):
+        word = bits[w]
+        if word:
+            for b in range(64):
+                if has_bit(word, b):
+                    r = (w << 6) + b
+                    for j in range(rep_status.shape[1]):
+                        if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                            segs[k] = rep_seg[r, j]
+                            offs[k] = rep_off[r, j]
+                            lens[k] = sizes[r]
+                            k += 1
     return segs, offs, lens
 
 
 REBUILD_OK, REBUILD_UNSORTED, REBUILD_OVERLAP, REBUILD_OUT_OF_RANGE = 0, 1, 2, 3
 
 
+@njit(inline="always", cache=True)
+def _on_code(r, j, code, rep_status, rep_kind, rep_seg):
+    if not slot_in_use(rep_status[r, j]):
+        return False
+    if rep_kind[r, j] != _MEM:
+        return False
+    return rep_seg[r, j] == code
+
+
 @njit(cache=True, nogil=True)
-def free_extents_of_segment(mask, code, capacity, sizes, rep_status, rep_kind, rep_seg, rep_off):
-    """Streaming allocator rebuild for one segment: walk the masked objects' replicas on ``code``
-    in row order and emit the gaps as free extents, without gathering the occupied extents.
+def free_extents_of_segment(bits, code, capacity, sizes, rep_status, rep_kind, rep_seg, rep_off):
+    """Streaming allocator rebuild for one segment: walk the replicas on ``code`` of the objects
+    in ``bits`` in row order and emit the gaps as free extents, without gathering the occupied
+    extents.
 
     Returns (status, starts, lengths, used). Rows are usually in offset order (bulk loads and
     restores allocate in row order); REBUILD_UNSORTED tells the caller to gather and sort.
     """
     n = 0
-    for r in range(mask.shape[0]):
-        if mask[r]:
-            for j in range(rep_status.shape[1]):
-                if slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and rep_seg[r, j] == code:
-                    n += 1
+    for w in range(bits.shape[0]):
+        word = bits[w]
+        if word:
+            for b in range(64):
+                if has_bit(word, b):
+                    for j in range(rep_status.shape[1]):
+                        if _on_code((w << 6) + b, j, code, rep_status, rep_kind, rep_seg):
+                            n += 1
     starts = np.empty(n + 1, np.int64)
     lengths = np.empty(n + 1, np.int64)
     k = 0
     cursor = 0          # end of the previous occupied extent
     last_start = -1
     used = 0
-    for r in range(mask.shape[0]):
-        if not mask[r]:
+    for w in range(bits.shape[0]):
+        word = bits[w]
+        if not word:
             continue
-        for j in range(rep_status.shape[1]):
-            if not (slot_in_use(rep_status[r, j]) and rep_kind[r, j] == _MEM and rep_seg[r, j] == code):
+        for b in range(64):
+            if not has_bit(word, b):
                 continue
-            off = rep_off[r, j]
-            size = sizes[r]
-            if off < last_start:
-                return REBUILD_UNSORTED, starts[:0], lengths[:0], 0
-            if off < 0 or size <= 0 or off + size > capacity:
-                return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
-            if off < cursor:
-                return REBUILD_OVERLAP, starts[:0], lengths[:0], 0
-            if off > cursor:
-                starts[k] = cursor
-                lengths[k] = off - cursor
-                k += 1
-            cursor = off + size
-            last_start = off
-            used += size
+            r = (w << 6) + b
+            for j in range(rep_status.shape[1]):
+                if not _on_code(r, j, code, rep_status, rep_kind, rep_seg):
+                    continue
+                off = rep_off[r, j]
+                size = sizes[r]
+                if off < last_start:
+                    return REBUILD_UNSORTED, starts[:0], lengths[:0], 0
+                if off < 0:
+                    return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
+                if size <= 0:
+                    return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
+                if off + size > capacity:
+                    return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
+                if off < cursor:
+                    return REBUILD_OVERLAP, starts[:0], lengths[:0], 0
+                if off > cursor:
+                    starts[k] = cursor
+                    lengths[k] = off - cursor
+                    k += 1
+                cursor = off + size
+                last_start = off
+                used += size
     if capacity > cursor:
         starts[k] = cursor
         lengths[k] = capacity - cursor
@@ -437,7 +487,11 @@ def free_extents_of_segment(mask, code, capacity, sizes, rep_status, rep_kind, r
 @njit(inline="always", cache=True)
 def _frees_extent(r, j, allocatable, rep_kind, rep_seg):
     s = rep_seg[r, j]
-    return rep_kind[r, j] == _MEM and s >= 0 and allocatable[s]
+    if rep_kind[r, j] != _MEM:
+        return False
+    if s < 0:
+        return False
+    return allocatable[s]
 
 
 @njit(cache=True, nogil=True, parallel=True)

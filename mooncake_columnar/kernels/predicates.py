@@ -3,6 +3,9 @@
 Every path that decides readability or eviction (reads, census, re-validation, mutation, oplog
 remaining-descriptor prediction, offload source choice, tenant quota eviction, group members)
 calls these functions; nothing else tests the flag bits or compares lease deadlines itself.
+
+They test one condition per ``if`` and return early: Numba compiles ``and``/``or`` chains
+several times slower inside hot loops.
 """
 from __future__ import annotations
 
@@ -31,22 +34,33 @@ def is_readable_replica(status, kind, segment, segment_readable):
     """COMPLETE, and a memory replica's segment is mounted with a valid endpoint."""
     if status != _COMPLETE:
         return False
-    if kind == _MEMORY:
-        return segment >= 0 and segment_readable[segment]
-    return True
+    if kind != _MEMORY:
+        return True
+    if segment < 0:
+        return False
+    return segment_readable[segment]
 
 
 @njit(inline="always", cache=True)
 def is_evictable_memory_replica(status, kind, segment, refcnt, segment_readable):
     """Memory kind, COMPLETE, readable and not pinned as a copy/offload source. No TTL."""
-    return kind == _MEMORY and refcnt == 0 and is_readable_replica(status, kind, segment, segment_readable)
+    if kind != _MEMORY:
+        return False
+    if refcnt != 0:
+        return False
+    return is_readable_replica(status, kind, segment, segment_readable)
 
 
 @njit(inline="always", cache=True)
 def is_unreadable_memory_replica(status, kind, segment, refcnt, segment_readable):
     """A complete, unpinned memory replica kept out of eviction only by readability (RFC guard)."""
-    return (kind == _MEMORY and status == _COMPLETE and refcnt == 0
-            and not is_evictable_memory_replica(status, kind, segment, refcnt, segment_readable))
+    if kind != _MEMORY:
+        return False
+    if status != _COMPLETE:
+        return False
+    if refcnt != 0:
+        return False
+    return not is_evictable_memory_replica(status, kind, segment, refcnt, segment_readable)
 
 
 @njit(inline="always", cache=True)
@@ -78,7 +92,9 @@ def lease_expired(lease_deadline, now):
 @njit(inline="always", cache=True)
 def soft_pin_active(flags, soft_pin_deadline, now):
     """Soft pin protects only while enabled AND inside its current interval."""
-    return is_soft_pin_enabled(flags) and now < soft_pin_deadline
+    if not is_soft_pin_enabled(flags):
+        return False
+    return now < soft_pin_deadline
 
 
 @njit(inline="always", cache=True)
@@ -144,6 +160,7 @@ def is_eviction_candidate(row, now, allow_soft_pinned, flags, lease, soft_deadli
         return False
     if not lease_expired(lease[row], now):
         return False
-    if soft_pin_active(f, soft_deadline[row], now) and not allow_soft_pinned:
-        return False
+    if not allow_soft_pinned:
+        if soft_pin_active(f, soft_deadline[row], now):
+            return False
     return object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable)
