@@ -16,7 +16,8 @@ import pyarrow as pa
 from numba import njit
 
 from ..errors import WindowFull
-from ..schema import FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ReplicaStatus
+from ..kernels.predicates import is_grouped, is_hard_pinned, is_soft_pin_enabled
+from ..schema import KIND_MEMORY, ReplicaStatus
 from ..store.segments import Segment
 from .oplog import OpLogColumns, OpLogOp, OpType, SegmentPayload, string_parts
 from .writer import OpLogWriter, Reservation
@@ -45,48 +46,73 @@ def _dictionary(codes: np.ndarray, name_of: Callable[[int], str]) -> tuple[np.nd
 
 
 @njit(cache=True)
-def _gather_replicas(rows, keep, replica_id, replica_kind, replica_segment, replica_offset, size_bytes):
-    """Per row: PUT_END if any kept slot, else REMOVE; per PUT_END row its object row and kept
-    replica count; per kept replica (row order, then slot order) its id, kind, segment code (-1
-    when not in memory), offset and size. One pass, so a single-key call is one kernel call."""
+def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes, data_type,
+                    replica_status, replica_id, replica_kind, replica_segment, replica_offset):
+    """Per row: PUT_END if any kept slot (``keep[i, j]``, or with ``keep_complete`` the COMPLETE
+    slots), else REMOVE. Per PUT_END row: object row, client code, group code (-1: none), size,
+    data type, pin flags and kept replica count; per kept replica (row order, then slot order):
+    id, kind, segment code (-1 when not in memory), offset and size. One pass, so a single-key
+    call is one kernel call rather than dozens of tiny NumPy operations."""
     n = rows.shape[0]
+    slots = replica_status.shape[1]
     op = np.empty(n, np.uint8)
     puts = 0
     kept = 0
     for i in range(n):
         c = 0
-        for j in range(keep.shape[1]):
-            c += keep[i, j]
+        for j in range(slots):
+            if keep_complete:
+                c += replica_status[rows[i], j] == _COMPLETE
+            else:
+                c += keep[i, j]
         op[i] = _PUT_END if c > 0 else _REMOVE_OP
-        puts += c > 0
+        if c > 0:
+            puts += 1
         kept += c
     put = np.empty(puts, np.int64)
+    put_client = np.empty(puts, np.int32)
+    put_group = np.empty(puts, np.int32)
+    size = np.empty(puts, np.uint64)
+    dtype = np.empty(puts, data_type.dtype)
+    hard = np.empty(puts, np.bool_)
+    soft = np.empty(puts, np.bool_)
     count = np.empty(puts, np.uint32)
     rid = np.empty(kept, np.uint64)
     kind = np.empty(kept, np.uint8)
     seg = np.empty(kept, np.int32)
     offset = np.empty(kept, np.uint64)
-    size = np.empty(kept, np.uint64)
+    rsize = np.empty(kept, np.uint64)
     p = 0
     r = 0
     for i in range(n):
         if op[i] != _PUT_END:
             continue
         row = rows[i]
+        f = flags[row]
         put[p] = row
+        put_client[p] = client[row]
+        put_group[p] = group[row] if is_grouped(f) else -1
+        size[p] = size_bytes[row]
+        dtype[p] = data_type[row]
+        hard[p] = is_hard_pinned(f)
+        soft[p] = is_soft_pin_enabled(f)
         c = 0
-        for j in range(keep.shape[1]):
-            if keep[i, j]:
+        for j in range(slots):
+            take = replica_status[row, j] == _COMPLETE if keep_complete else keep[i, j]
+            if take:
                 rid[r] = replica_id[row, j]
                 kind[r] = replica_kind[row, j]
                 seg[r] = replica_segment[row, j] if replica_kind[row, j] == _MEMORY else -1
                 offset[r] = replica_offset[row, j]
-                size[r] = size_bytes[row]
+                rsize[r] = size_bytes[row]
                 r += 1
                 c += 1
         count[p] = c
         p += 1
-    return op, put, count, rid, kind, seg, offset, size
+    return op, put, put_client, put_group, size, dtype, hard, soft, count, rid, kind, seg, offset, rsize
+
+
+_NO_KEEP = np.zeros((0, 0), np.bool_)
 
 
 class Journal:
@@ -98,17 +124,15 @@ class Journal:
         """One entry per row, built from the engine columns: PUT_END carrying the replicas that
         stay (``keep`` mask over slots, default: the COMPLETE ones), or REMOVE when none stays."""
         o = m.objects
-        if keep is None:
-            keep = o.replica_status[rows] == _COMPLETE
-        op, put, count, rid, kind, seg, offset, size = _gather_replicas(
-            rows, keep, o.replica_id, o.replica_kind, o.replica_segment, o.replica_offset, o.size_bytes)
-        flags = o.flags[put]
-        group = np.where((flags & FLAG_GROUPED) != 0, o.group[put], -1)
+        (op, put, client, group, size, data_type, hard, soft, count, rid, kind, seg, offset,
+         rsize) = _gather_entries(rows, _NO_KEEP if keep is None else keep, keep is None, o.flags, o.group,
+                                  o.client, o.size_bytes, o.data_type, o.replica_status, o.replica_id,
+                                  o.replica_kind, o.replica_segment, o.replica_offset)
         # one string table: the tenants, clients, groups and segment names these rows use, and ""
         strings: list[str] = []
         coded: dict[str, np.ndarray] = {}
         for name, codes, name_of in (
-                ("tenant", o.tenant[rows], m.tenants.name), ("client", o.client[put], m.clients.name),
+                ("tenant", o.tenant[rows], m.tenants.name), ("client", client, m.clients.name),
                 ("group", group, m._group_names.__getitem__),
                 ("replica_segment", seg, lambda c: m.segments.info[c].name)):
             local, names = _dictionary(codes, name_of)
@@ -116,11 +140,9 @@ class Journal:
             strings += names
         key_offsets, key_bytes = string_parts(m.keys.keys_of(rows))
         return OpLogColumns(
-            op=op, **coded, key_offsets=key_offsets, key_bytes=key_bytes,
-            size=o.size_bytes[put].astype(np.uint64), data_type=o.data_type[put],
-            hard_pinned=(flags & FLAG_HARD_PINNED) != 0, soft_pin_enabled=(flags & FLAG_SOFT_PIN_ENABLED) != 0,
-            replica_count=count, replica_id=rid, replica_kind=kind, replica_offset=offset, replica_size=size,
-            replica_status=np.full(rid.size, _COMPLETE, np.uint8),
+            op=op, **coded, key_offsets=key_offsets, key_bytes=key_bytes, size=size, data_type=data_type,
+            hard_pinned=hard, soft_pin_enabled=soft, replica_count=count, replica_id=rid, replica_kind=kind,
+            replica_offset=offset, replica_size=rsize, replica_status=np.full(rid.size, _COMPLETE, np.uint8),
             replica_endpoint=np.full(rid.size, len(strings), np.int32),  # the journal logs no endpoint
             strings=pa.array(strings + [""], pa.large_string()), segments=())
 
