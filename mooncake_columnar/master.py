@@ -165,20 +165,21 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         """Drop planned replicas (offloading instead where configured); returns
         (objects evicted, bytes freed, offloads queued)."""
         o = self.objects
-        removed = plan.removed.copy()
-        queued = 0
+        removed, queued = plan.removed, 0
         if self.config.enable_offload and self.config.offload_on_evict and plan.rows.size:
-            removed, queued = self._offload_instead(plan.rows, removed)
+            removed, queued = self._offload_instead(plan.rows, removed.copy())
         hit = removed.any(axis=1)
         if not hit.any():
             return 0, 0, queued
-        rows = plan.rows[hit]
+        rows = plan.rows
+        if not hit.all():
+            rows, removed = rows[hit], removed[hit]
         if self.journal is not None:  # hide now, free once durable; a full window stops the cycle
-            if not self.journal.hide_then_free(self, rows, removed[hit]):
+            if not self.journal.hide_then_free(self, rows, removed):
                 self.metrics.inc("eviction_oplog_backpressure")
                 return 0, 0, queued
-            return int(rows.size), int((o.size_bytes[rows] * removed[hit].sum(axis=1)).sum()), queued
-        r_idx, slot = np.nonzero(removed[hit])
+            return int(rows.size), int((o.size_bytes[rows] * removed.sum(axis=1)).sum()), queued
+        r_idx, slot = np.nonzero(removed)
         freed = self._drop_slots(rows[r_idx], slot)
         self._erase_rows(rows[(o.replica_status[rows] == 0).all(axis=1)], slots_cleared=True)
         return int(rows.size), freed, queued

@@ -135,7 +135,8 @@ def _bound(sample: np.ndarray, k: int, count: int) -> int | None:
 
 def _kth(rows: np.ndarray, lease: np.ndarray, k: int) -> int:
     keys = lease[rows]
-    return int(keys[np.argpartition(keys, k - 1)[k - 1]])
+    keys.partition(k - 1)  # in place: no index array, no second copy
+    return int(keys[k - 1])
 
 
 def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
@@ -157,18 +158,44 @@ def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
     return rows[np.argsort(lease[rows], kind="stable")][:k]  # stable: ties stay in (ascending) row order
 
 
-@njit(cache=True, nogil=True)
-def _before(rows, lease, kth, ties):
-    """Rows with a deadline before ``kth`` and the first ``ties`` rows at ``kth``, in input order."""
-    out = np.empty(rows.shape[0], np.int64)
-    n = 0
-    for i in range(rows.shape[0]):
-        d = lease[rows[i]]
-        if d < kth or (d == kth and ties > 0):
-            ties -= d == kth
-            out[n] = rows[i]
-            n += 1
-    return out[:n]
+@njit(cache=True, nogil=True, parallel=True)
+def _before(rows, lease, kth, k):
+    """The ``k`` rows with the earliest deadlines given the k-th one, ``kth``: every row before
+    it and the first rows (in input order) at it. Parallel: chunks count, the ties are handed
+    out in chunk order, chunks fill."""
+    n = rows.shape[0]
+    step = (n + _CHUNKS - 1) // _CHUNKS
+    less = np.zeros(_CHUNKS, np.int64)
+    equal = np.zeros(_CHUNKS, np.int64)
+    for c in prange(_CHUNKS):
+        for i in range(c * step, min(n, (c + 1) * step)):
+            d = lease[rows[i]]
+            if d < kth:
+                less[c] += 1
+            elif d == kth:
+                equal[c] += 1
+    ties = k - less.sum()
+    start = np.zeros(_CHUNKS + 1, np.int64)
+    for c in range(_CHUNKS):
+        take = min(equal[c], max(ties, 0))
+        ties -= take
+        equal[c] = take
+        start[c + 1] = start[c] + less[c] + take
+    out = np.empty(start[_CHUNKS], np.int64)
+    for c in prange(_CHUNKS):
+        o = start[c]
+        budget = equal[c]
+        for i in range(c * step, min(n, (c + 1) * step)):
+            d = lease[rows[i]]
+            if d < kth:
+                out[o] = rows[i]
+                o += 1
+            elif d == kth:
+                if budget > 0:
+                    budget -= 1
+                    out[o] = rows[i]
+                    o += 1
+    return out
 
 
 def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, k: int) -> np.ndarray:
@@ -186,8 +213,7 @@ def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, 
         rows = rows_coded(codes, code, lease, None)
     if k >= rows.size:
         return rows
-    kth = _kth(rows, lease, k)
-    return _before(rows, lease, kth, k - int(np.count_nonzero(lease[rows] < kth)))
+    return _before(rows, lease, _kth(rows, lease, k), k)
 
 
 @njit(cache=True, nogil=True)

@@ -254,7 +254,7 @@ def insert_rows(table, rows, arena, key_refs, row_tenant):
     hs = np.empty(_BLOCK, np.uint64)
     scratch = np.empty((3, _BLOCK), np.int64)
     for b in range(0, rows.shape[0], _BLOCK):
-        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)
+        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)[0]
         for t in range(m):
             insert_row(table, rows[b + t], hs[t])
 
@@ -264,30 +264,36 @@ def _hash_block(rows, b, m, arena, key_refs, row_tenant, hs, scratch):
     """Hash rows[b:b+m] into hs[:m] in two steps so their cache misses overlap: first load each
     row's key_ref and tenant and touch its key bytes (short iterations: many misses in flight),
     then hash the bytes, now in cache. Hashing straight away is latency-bound: the byte loop
-    fills the CPU's reorder window, so about one miss is in flight at a time."""
+    fills the CPU's reorder window, so about one miss is in flight at a time. Returns the key
+    bytes of the block."""
     refs, tenants, touch = scratch[0], scratch[1], scratch[2]
+    key_bytes = 0
     for t in range(m):
         r = rows[b + t]
         ref = key_refs[r]
         refs[t] = ref
         tenants[t] = row_tenant[r]
-        if ref_length(ref):
-            touch[t] = arena[ref_offset(ref)] + arena[ref_offset(ref) + ref_length(ref) - 1]
+        length = ref_length(ref)
+        key_bytes += length
+        if length:
+            touch[t] = arena[ref_offset(ref)] + arena[ref_offset(ref) + length - 1]
     for t in range(m):
         hs[t] = hash_key(arena, ref_offset(refs[t]), ref_length(refs[t]), tenants[t])
+    return key_bytes
 
 
 @njit(inline="always", cache=True)
 def _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch):
     """Hash rows[b:b+len(hs)] and load their home slots (independent misses overlap); returns the
-    block length. The caller then probes with the hashes while the slots are in cache."""
+    block length and its key bytes. The caller then probes with the hashes while the slots are
+    in cache."""
     m = min(hs.shape[0], rows.shape[0] - b)
     mask = table.shape[0] - 1
-    _hash_block(rows, b, m, arena, key_refs, row_tenant, hs, scratch)
+    key_bytes = _hash_block(rows, b, m, arena, key_refs, row_tenant, hs, scratch)
     touch = scratch[2]
     for t in range(m):
         touch[t] = table[home_slot(hs[t], mask)]
-    return m
+    return m, key_bytes
 
 
 _REGIONS = 256
@@ -295,22 +301,24 @@ _CHUNKS = 64
 _PARALLEL_DELETE_MIN = 4096  # below this, thread start-up costs more than it saves
 
 
-def delete_rows(table, rows, arena, key_refs, row_tenant) -> None:
-    """Delete rows from the index (absent ones are ignored)."""
+def delete_rows(table, rows, arena, key_refs, row_tenant) -> int:
+    """Delete rows from the index (absent ones are ignored); returns their key bytes."""
     if rows.shape[0] < _PARALLEL_DELETE_MIN:
-        _delete_rows_serial(table, rows, arena, key_refs, row_tenant)
-    else:
-        _delete_rows_parallel(table, rows, arena, key_refs, row_tenant)
+        return int(_delete_rows_serial(table, rows, arena, key_refs, row_tenant))
+    return int(_delete_rows_parallel(table, rows, arena, key_refs, row_tenant))
 
 
 @njit(cache=True, nogil=True)
 def _delete_rows_serial(table, rows, arena, key_refs, row_tenant):
     hs = np.empty(_BLOCK, np.uint64)
     scratch = np.empty((3, _BLOCK), np.int64)
+    key_bytes = 0
     for b in range(0, rows.shape[0], _BLOCK):
-        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)
+        m, block_bytes = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)
+        key_bytes += block_bytes
         for t in range(m):
             delete_row(table, rows[b + t], hs[t])
+    return key_bytes
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -324,11 +332,12 @@ def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
     hs = np.empty(n, np.uint64)
     blocks = (n + _BLOCK - 1) // _BLOCK
     per_chunk = (blocks + _CHUNKS - 1) // _CHUNKS
+    key_bytes = np.zeros(_CHUNKS, np.int64)
     for c in prange(_CHUNKS):
         scratch = np.empty((3, _BLOCK), np.int64)
         for blk in range(c * per_chunk, min(blocks, (c + 1) * per_chunk)):
             b = blk * _BLOCK
-            _hash_block(rows, b, min(_BLOCK, n - b), arena, key_refs, row_tenant, hs[b:], scratch)
+            key_bytes[c] += _hash_block(rows, b, min(_BLOCK, n - b), arena, key_refs, row_tenant, hs[b:], scratch)
     regions = min(_REGIONS, size)
     shift = 0
     while (regions << shift) < size:
@@ -368,6 +377,7 @@ def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
     for t in range(n):
         if crossed[t]:
             delete_row(table, sorted_rows[t], sorted_hs[t])
+    return key_bytes.sum()
 
 
 @njit(cache=True)
@@ -378,7 +388,7 @@ def insert_rows_unique(table, rows, arena, key_refs, row_tenant):
     hs = np.empty(_BLOCK, np.uint64)
     scratch = np.empty((3, _BLOCK), np.int64)
     for b in range(0, rows.shape[0], _BLOCK):
-        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)
+        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)[0]
         for t in range(m):
             r = rows[b + t]
             ref = key_refs[r]

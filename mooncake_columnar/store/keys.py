@@ -87,9 +87,8 @@ class KeyIndex:
 
     def remove(self, rows: np.ndarray) -> None:
         o = self.objects
-        hk.delete_rows(self.table, rows, self.arena, o.key_ref, o.tenant)
+        self.arena_garbage += hk.delete_rows(self.table, rows, self.arena, o.key_ref, o.tenant)
         self.count -= rows.size
-        self.arena_garbage += int((o.key_ref[rows] & ((1 << hk.KEY_LENGTH_BITS) - 1)).sum())
 
     def keys_of(self, rows: np.ndarray) -> pa.Array:
         o = self.objects
