@@ -376,7 +376,8 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self.inflight.release(released)
         self._charge(found, +1)
         if self.journal is not None:
-            self.journal.put_end(self, np.unique(rows[released >= 0]))
+            done = rows[released >= 0]
+            self.journal.put_end(self, np.unique(done) if done.size > 1 else done)
         return codes
 
     @_locked

@@ -19,7 +19,7 @@ from ..errors import WindowFull
 from ..kernels.predicates import is_grouped, is_hard_pinned, is_soft_pin_enabled
 from ..schema import KIND_MEMORY, ReplicaStatus
 from ..store.segments import Segment
-from .oplog import OpLogColumns, OpLogOp, OpType, SegmentPayload, string_parts
+from .oplog import OpLogColumns, OpLogOp, OpType, SegmentPayload
 from .writer import OpLogWriter, Reservation
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class Journal:
             local, names = _dictionary(codes, name_of)
             coded[name] = local + np.int32(len(strings))
             strings += names
-        key_offsets, key_bytes = string_parts(m.keys.keys_of(rows))
+        key_offsets, key_bytes = m.keys.key_buffers_of(rows)
         return OpLogColumns(
             op=op, **coded, key_offsets=key_offsets, key_bytes=key_bytes, size=size, data_type=data_type,
             hard_pinned=hard, soft_pin_enabled=soft, replica_count=count, replica_id=rid, replica_kind=kind,

@@ -90,9 +90,12 @@ class KeyIndex:
         self.arena_garbage += hk.delete_rows(self.table, rows, self.arena, o.key_ref, o.tenant)
         self.count -= rows.size
 
+    def key_buffers_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 offsets from 0, UTF-8 bytes) of the keys of ``rows``."""
+        return arena_k.gather_keys(self.arena, self.objects.key_ref, np.asarray(rows, np.int64))
+
     def keys_of(self, rows: np.ndarray) -> pa.Array:
-        o = self.objects
-        offsets, data = arena_k.gather_keys(self.arena, o.key_ref, np.asarray(rows, np.int64))
+        offsets, data = self.key_buffers_of(rows)
         return pa.LargeStringArray.from_buffers(len(rows), pa.py_buffer(offsets), pa.py_buffer(data))
 
     def resident_bytes(self) -> int:
