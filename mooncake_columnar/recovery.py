@@ -50,7 +50,7 @@ class RecoveryFault(RuntimeError):
     """Raised by an injected fault hook (tests) to fail a remount at a named step."""
 
 
-def _rebuild_one(m: "MasterService", bits: np.ndarray, on: np.ndarray, code: int) -> tuple[np.ndarray, np.ndarray, int]:
+def _rebuild_one(m: "MasterService", bits: np.ndarray, matched: int, on: np.ndarray, code: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(free starts, free lengths, used bytes) of segment ``code`` from its occupied extents; a
     streaming pass when replicas lie in offset order, else gather + sort. Raises ValueError on
     an overlap or an extent beyond the capacity."""
@@ -63,7 +63,7 @@ def _rebuild_one(m: "MasterService", bits: np.ndarray, on: np.ndarray, code: int
     if status == ok.REBUILD_UNSORTED:
         only = np.zeros_like(on)
         only[code] = True
-        _, offs, sizes = ok.segment_extents(bits, only, o.size_bytes, o.replica_status, o.replica_kind,
+        _, offs, sizes = ok.segment_extents(bits, matched, only, o.size_bytes, o.replica_status, o.replica_kind,
                                             o.replica_segment, o.replica_offset)
         starts, lengths = ak.free_extents_from_occupied(capacity, offs, sizes)
         return starts, lengths, int(sizes.sum())
@@ -102,7 +102,7 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     t_rebuild = time.perf_counter()
     rebuilt = {}
     for code, _ in segments:  # nothing is installed until every segment rebuilt cleanly
-        rebuilt[code] = _rebuild_one(m, bits, on, code)
+        rebuilt[code] = _rebuild_one(m, bits, int(matched), on, code)
     rebuild_s = time.perf_counter() - t_rebuild
     saved = {c: (seg.extent_starts[c], seg.extent_lengths[c], int(seg.extent_counts[c]), int(seg.used[c]),
                  seg.info[c]) for c in codes}

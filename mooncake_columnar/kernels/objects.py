@@ -379,22 +379,14 @@ def objects_on_segments(on_segment, rows_hw, flags, rep_status, rep_kind, rep_se
 
 
 @njit(cache=True, nogil=True)
-def segment_extents(bits, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off):
-    """(segment, offset, size) of the matching replicas of the objects in ``bits`` (allocator
-    rebuild), in row order."""
-    count = 0
-    for w in range(bits.shape[0]):
-        word = bits[w]
-        if word:
-            for b in range(64):
-                if has_bit(word, b):
-                    r = (w << 6) + b
-                    for j in range(rep_status.shape[1]):
-                        if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-                            count += 1
-    segs = np.empty(count, np.int64)
-    offs = np.empty(count, np.int64)
-    lens = np.empty(count, np.int64)
+def segment_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off):
+    """(segment, offset, size) of the matching replicas of the ``matched`` objects in ``bits``
+    (allocator rebuild), in row order. One pass into arrays sized for the worst case: only the
+    pages written are touched."""
+    bound = matched * rep_status.shape[1]
+    segs = np.empty(bound, np.int64)
+    offs = np.empty(bound, np.int64)
+    lens = np.empty(bound, np.int64)
     k = 0
     for w in range(bits.shape[0]):
         word = bits[w]
@@ -408,7 +400,7 @@ def segment_extents(bits, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_
                             offs[k] = rep_off[r, j]
                             lens[k] = sizes[r]
                             k += 1
-    return segs, offs, lens
+    return segs[:k], offs[:k], lens[:k]
 
 
 REBUILD_OK, REBUILD_UNSORTED, REBUILD_OVERLAP, REBUILD_OUT_OF_RANGE = 0, 1, 2, 3
