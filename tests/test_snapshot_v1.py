@@ -247,3 +247,44 @@ def test_write_v1_rejects_non_uuid_clients(tmp_path: Path) -> None:
     with pytest.raises(SerializeFail):
         write_v1(SnapshotRepository(tmp_path), dataclasses.replace(state, objects=objects), 0, 0)
     assert SnapshotRepository(tmp_path).list() == []  # nothing was published
+
+
+def _shape(x, prefix: str = "", out: set | None = None) -> set:
+    """Paths and leaf types of a decoded v1 payload: map keys (shard numbers and UUIDs generic),
+    record positions, zstd-msgpack blobs opened."""
+    out = set() if out is None else out
+    if isinstance(x, dict):
+        for k, v in x.items():
+            generic = isinstance(k, int) or (isinstance(k, str) and k.replace("-", "").isdigit())
+            _shape(v, f"{prefix}/{'*' if generic else k}", out)
+    elif isinstance(x, list):
+        for i, e in enumerate(x):
+            _shape(e, f"{prefix}[{i if len(x) <= 12 else '*'}]", out)
+    elif isinstance(x, bytes):
+        _shape(msgpack.unpackb(zstandard.ZstdDecompressor().decompress(x, max_output_size=1 << 30),
+                               strict_map_key=False), prefix + "/zstd", out)
+    else:
+        out.add(f"{prefix}:{type(x).__name__}")
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known gap: the rollback writer emits no OffsetBufferAllocator state per segment and no offset "
+    "allocation handle per replica buffer; upstream's MountedSegment and AllocatedBuffer "
+    "deserializers need both, so a real upstream master cannot load these objects yet"))
+@pytest.mark.parametrize("case", CASES)
+def test_write_v1_payloads_have_upstream_structure(case: str, tmp_path: Path) -> None:
+    """Rollback: a fixture written by upstream, restored and written back, has upstream's layout."""
+    _, repo = _load(case)
+    files = repo.read(repo.latest())
+    s0 = int(files.payloads["descriptor.txt"].split(b"|")[-1]) * NS_PER_MS
+    state = decode_v1(files.payloads, restore_system_ns=s0, restore_steady_ns=C1)
+    out = SnapshotRepository(tmp_path)
+    ours = out.read(write_v1(out, state, s0, C1)).payloads
+    for name in (METADATA_FILE, SEGMENTS_FILE):
+        theirs_raw, ours_raw = files.payloads[name], ours[name]
+        if name == SEGMENTS_FILE:  # the whole payload is one zstd blob
+            theirs_raw, ours_raw = (zstandard.ZstdDecompressor().decompress(b, max_output_size=1 << 30)
+                                    for b in (theirs_raw, ours_raw))
+        assert _shape(msgpack.unpackb(ours_raw, strict_map_key=False)) == \
+            _shape(msgpack.unpackb(theirs_raw, strict_map_key=False)), name
