@@ -55,3 +55,15 @@ def best_seconds(fn: Callable[[], object], repeat: int = 3) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+class FreshMasterBenchmark:
+    """asv attributes of a benchmark whose every timed call needs a freshly built master."""
+
+    params = OBJECT_COUNTS
+    param_names = ["objects"]
+    timeout = TIMEOUT_S
+    number = 1  # each timed call needs the fresh master setup built
+    repeat = (1, 5, 60.0)
+    warmup_time = 0.0
+

@@ -14,7 +14,7 @@ from mooncake_columnar.clock import ManualClocks
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.snapshots.state import SnapshotState
 
-from ._common import OBJECT_COUNTS, SEED, SEGMENTS, TIMEOUT_S, best_seconds
+from ._common import FreshMasterBenchmark, SEED, SEGMENTS, best_seconds
 
 RATIO = 0.05
 WARMUP_OBJECTS = 1024
@@ -35,13 +35,7 @@ def expired_master(objects: int) -> MasterService:
     return MasterService.from_state(_STATES[objects], clocks=ManualClocks())
 
 
-class Evict:
-    params = OBJECT_COUNTS
-    param_names = ["objects"]
-    timeout = TIMEOUT_S
-    number = 1  # each timed call needs the fresh master setup built
-    repeat = (1, 5, 60.0)
-    warmup_time = 0.0
+class Evict(FreshMasterBenchmark):
 
     def setup(self, objects: int) -> None:
         expired_master(WARMUP_OBJECTS).evict(target=RATIO)  # JIT warm-up of census/plan/apply

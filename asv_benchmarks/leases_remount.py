@@ -18,7 +18,7 @@ from mooncake_columnar.recovery import RemountReport
 from mooncake_columnar.snapshots.state import SnapshotState
 from mooncake_columnar.synthetic import segment_request
 
-from ._common import OBJECT_COUNTS, TIMEOUT_S, best_seconds
+from ._common import FreshMasterBenchmark, best_seconds
 
 SEGMENTS = 1
 CLIENT = "client-0"
@@ -38,13 +38,7 @@ def remount(m: MasterService) -> RemountReport:
     return m.remount_segments(CLIENT, [segment_request(m, 0)])
 
 
-class Remount:
-    params = OBJECT_COUNTS
-    param_names = ["objects"]
-    timeout = TIMEOUT_S
-    number = 1  # each timed call needs the fresh master setup built
-    repeat = (1, 5, 60.0)
-    warmup_time = 0.0
+class Remount(FreshMasterBenchmark):
 
     def setup(self, objects: int) -> None:
         remount(promoted(WARMUP_OBJECTS))  # JIT warm-up of the locate/rebuild/assign kernels

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..clock import NS_PER_MS, Clocks
+from ..schema import REPLICAS_ARROW_SCHEMA
 from ..errors import (
     ManifestError,
     SnapshotError,
@@ -60,15 +61,8 @@ STANDBY_OBJECTS_SCHEMA = pa.schema([
     pa.field("hard_pinned", pa.bool_(), nullable=False),
     pa.field("soft_pin_enabled", pa.bool_(), nullable=False),
 ])
-STANDBY_REPLICAS_SCHEMA = pa.schema([
-    pa.field("object_index", pa.int64(), nullable=False),
-    pa.field("replica_id", pa.uint64(), nullable=False),
-    pa.field("kind", pa.uint8(), nullable=False),
-    pa.field("status", pa.uint8(), nullable=False),
-    pa.field("segment", pa.string(), nullable=False),
-    pa.field("offset", pa.int64(), nullable=False),
-    pa.field("size", pa.int64(), nullable=False),
-])
+# the complete snapshot's replica columns without readability (a standby serves nothing yet)
+STANDBY_REPLICAS_SCHEMA = REPLICAS_ARROW_SCHEMA.remove(REPLICAS_ARROW_SCHEMA.get_field_index("readable"))
 STANDBY_SEGMENTS_SCHEMA = pa.schema([
     pa.field("name", pa.string(), nullable=False),
     pa.field("endpoint", pa.string(), nullable=False),
