@@ -78,7 +78,8 @@ class ViewsMixin:
         m = cls(config, clocks=clocks, initial_capacity=max(1024, state.objects.num_rows))
         load_tables(m, state, segments_readable=segments_readable)
         m.next_replica_id = max(m.next_replica_id, int(state.replica_next_id))
-        m._charge(m.objects.live_rows(), +1)  # rebuild tenant usage from the restored replicas
+        if m._ledger_on:  # rebuild tenant usage from the restored replicas
+            m._charge(m.objects.live_rows(), +1)
         now = m.clocks.steady_ns()
         for client in set(state.segments.column("client").to_pylist()):
             m._touch_client(client, now)  # restored clients must ping within client_live_ttl_s

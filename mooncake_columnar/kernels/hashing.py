@@ -53,9 +53,18 @@ def ref_length(ref):
     return ref & _LEN_MASK
 
 
+TAG_SHIFT = 33  # a slot stores the hash's top 31 bits (its tag) above the 32-bit row
+
+
+@njit(inline="always", cache=True)
+def hash_tag(h):
+    """The 31-bit tag of hash ``h``: the home slot and the stored tag both derive from it."""
+    return np.uint32((h >> np.uint64(TAG_SHIFT)) & np.uint64(0x7FFFFFFF))
+
+
 @njit(inline="always", cache=True)
 def _tag(h):
-    return np.int64((h >> np.uint64(33)) & np.uint64(0x7FFFFFFF))
+    return np.int64(hash_tag(h))
 
 
 @njit(inline="always", cache=True)
@@ -85,8 +94,10 @@ def home_slot(h, mask):
 
 
 @njit(cache=True)
-def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
-    """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take)."""
+def probe_until(table, arena, key_refs, row_tenant, data, start, length, tenant, h, stop):
+    """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take); (-1, -1)
+    if the probe steps onto slot ``stop`` first (-1: no limit; else a bulk build's window end,
+    taken modulo the table size)."""
     mask = table.shape[0] - 1
     i = home_slot(h, mask)
     while True:
@@ -99,6 +110,14 @@ def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, 
                 if _key_equals(arena, key_refs[r], data, start, length):
                     return r, -1
         i = (i + 1) & mask
+        if i == stop:
+            return -1, -1
+
+
+@njit(cache=True)
+def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
+    """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take)."""
+    return probe_until(table, arena, key_refs, row_tenant, data, start, length, tenant, h, -1)
 
 
 @njit(cache=True)

@@ -4,15 +4,20 @@ key refs, and allocator gaps straight from the loaded replicas.
 Inserting millions of rows one by one probes the table at random: each insert is a cache and TLB
 miss (about 200 ns per key at 10M keys here). The bulk build instead:
 
-1. hashes every row (in parallel: the byte loop is the bulk of the work),
-2. partitions the rows by the top bits of their home slot (a counting sort),
-3. inserts partition by partition, so each partition's probes stay inside one small window of
-   the table (cache resident).
+1. hashes every row and counts rows per window of the table (windows: the top bits of the home
+   slot), in parallel chunks;
+2. scatters (row, hash) into window order (a counting sort, each chunk writing its own ranges:
+   parallel and stable);
+3. inserts window by window, windows in parallel: a window's probes stay inside its own slots
+   (cache resident, and no other thread writes there). A probe that would run past its window's
+   end is deferred and inserted afterwards, serially, with an unbounded probe.
 
-Any insertion order builds a valid linear-probing table, so the table answers lookups (and
-deletes) exactly like one built by ``hashing.insert_rows``; only the slot placement inside a
-cluster may differ. Each insert uses ``hashing.find_or_empty_slot``, so a (tenant, key) already
-present is reported instead of inserted: the build is the uniqueness check of a loaded state.
+Linear probing without deletes accepts any insertion order (each row lands in the first empty slot
+of its probe run at insert time), so the table answers lookups (and deletes) exactly like one built
+by ``hashing.insert_rows``; only the slot placement inside a cluster may differ. Every insert
+checks for its (tenant, key) first: equal keys share a home slot, hence a window (or both are
+deferred), so a (tenant, key) already present is reported instead of inserted: the build is the
+uniqueness check of a loaded state.
 """
 from __future__ import annotations
 
@@ -21,49 +26,98 @@ from numba import njit, prange
 
 from . import hashing as hk
 
-# 2^10 partitions: a partition's table window is table size / 1024 (128 KiB for 16M slots).
-_PARTITION_BITS = 10
+# At most 2^10 windows (128 KiB of table each at 16M slots), each at least 2^12 slots.
+_WINDOW_COUNT_BITS = 10
+_MIN_WINDOW_BITS = 12
+_CHUNKS = 16  # parallel chunks of the hash and scatter passes (stable: chunk order is row order)
+
+
+@njit(inline="always", cache=True)
+def _tag_hash(tag):
+    """A hash with tag ``tag``: all the table uses of a hash (home slot, stored tag) is its tag,
+    so the build keeps 32-bit tags, half the temporary memory of full hashes."""
+    return np.uint64(tag) << np.uint64(hk.TAG_SHIFT)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _hash_rows(rows, arena, key_refs, row_tenant):
-    out = np.empty(rows.shape[0], np.uint64)
-    for i in prange(rows.shape[0]):
-        out[i] = hk.row_hash(arena, key_refs, row_tenant, rows[i])
-    return out
+def _hash_and_count(rows, arena, key_refs, row_tenant, mask, shift, n_windows):
+    """(tag of each row's hash, rows per (chunk, window))."""
+    n = rows.shape[0]
+    tags = np.empty(n, np.uint32)
+    counts = np.zeros((_CHUNKS, n_windows), np.int64)
+    for c in prange(_CHUNKS):
+        for i in range(c * n // _CHUNKS, (c + 1) * n // _CHUNKS):
+            tag = hk.hash_tag(hk.row_hash(arena, key_refs, row_tenant, rows[i]))
+            tags[i] = tag
+            counts[c, (tag & mask) >> shift] += 1
+    return tags, counts
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _scatter(rows, tags, counts, mask, shift, part_rows, part_tags):
+    """(rows, tags) into window order; returns the window bounds. Chunk c's rows of window w
+    go to their own range (windows in order, chunks in order inside a window)."""
+    n_windows = counts.shape[1]
+    starts = np.empty_like(counts)
+    bounds = np.empty(n_windows + 1, np.int64)
+    at = 0
+    for w in range(n_windows):
+        bounds[w] = at
+        for c in range(_CHUNKS):
+            starts[c, w] = at
+            at += counts[c, w]
+    bounds[n_windows] = at
+    n = rows.shape[0]
+    for c in prange(_CHUNKS):
+        fill = starts[c]
+        for i in range(c * n // _CHUNKS, (c + 1) * n // _CHUNKS):
+            w = (tags[i] & mask) >> shift
+            part_rows[fill[w]] = rows[i]
+            part_tags[fill[w]] = tags[i]
+            fill[w] += 1
+    return bounds
+
+
+@njit(inline="always", cache=True)
+def _insert(table, r, tag, arena, key_refs, row_tenant, stop):
+    """Insert row ``r`` unless its (tenant, key) is present: 1 inserted, 0 present, -1 deferred
+    (the probe reached ``stop``)."""
+    ref = key_refs[r]
+    h = _tag_hash(tag)
+    existing, slot = hk.probe_until(table, arena, key_refs, row_tenant, arena, hk.ref_offset(ref),
+                                    hk.ref_length(ref), row_tenant[r], h, stop)
+    if existing >= 0:
+        return 0
+    if slot < 0:
+        return -1
+    hk.fill_slot(table, slot, h, r)
+    return 1
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _insert_windows(table, part_rows, part_tags, bounds, shift, arena, key_refs, row_tenant, deferred):
+    """Windows in parallel; marks deferred rows. Returns a row already present per window (-1)."""
+    n_windows = bounds.shape[0] - 1
+    mask = table.shape[0] - 1
+    dup = np.full(n_windows, -1, np.int64)
+    for w in prange(n_windows):
+        stop = ((w + 1) << shift) & mask
+        for i in range(bounds[w], bounds[w + 1]):
+            done = _insert(table, part_rows[i], part_tags[i], arena, key_refs, row_tenant, stop)
+            if done == 0:
+                dup[w] = part_rows[i]
+                break
+            deferred[i] = done < 0
+    return dup
 
 
 @njit(cache=True, nogil=True)
-def _partition(rows, hashes, mask, shift, part_rows):
-    """(rows, hashes) reordered by home slot >> shift (a counting sort) into ``part_rows`` (int32
-    when rows fit: less memory) and a new hash array. Both are copied into partition order, not
-    gathered through an index: the insert pass then reads them sequentially."""
-    starts = np.zeros((mask >> shift) + 2, np.int64)
-    for i in range(hashes.shape[0]):
-        starts[(hk.home_slot(hashes[i], mask) >> shift) + 1] += 1
-    for p in range(starts.shape[0] - 1):
-        starts[p + 1] += starts[p]
-    part_hashes = np.empty_like(hashes)
-    for i in range(hashes.shape[0]):
-        p = hk.home_slot(hashes[i], mask) >> shift
-        part_rows[starts[p]] = rows[i]
-        part_hashes[starts[p]] = hashes[i]
-        starts[p] += 1
-    return part_rows, part_hashes
-
-
-@njit(cache=True, nogil=True)
-def _insert_all(table, rows, hashes, arena, key_refs, row_tenant):
-    """Insert each row unless its (tenant, key) is present; returns that row, or -1."""
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        ref = key_refs[r]
-        existing, slot = hk.find_or_empty_slot(table, arena, key_refs, row_tenant, arena,
-                                               hk.ref_offset(ref), hk.ref_length(ref), row_tenant[r],
-                                               hashes[i])
-        if existing >= 0:
-            return r
-        hk.fill_slot(table, slot, hashes[i], r)
+def _insert_deferred(table, part_rows, part_tags, deferred, arena, key_refs, row_tenant):
+    """The deferred rows, in window order, with unbounded probes; a row already present, or -1."""
+    for i in range(part_rows.shape[0]):
+        if deferred[i]:
+            if _insert(table, part_rows[i], part_tags[i], arena, key_refs, row_tenant, -1) == 0:
+                return part_rows[i]
     return -1
 
 
@@ -77,11 +131,20 @@ def bulk_insert_unique(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, k
     if rows.size == 0:
         return -1
     mask = table.shape[0] - 1
-    shift = max(0, mask.bit_length() - _PARTITION_BITS)
+    table_bits = mask.bit_length()
+    shift = min(table_bits, max(_MIN_WINDOW_BITS, table_bits - _WINDOW_COUNT_BITS))
+    n_windows = 1 << (table_bits - shift)
+    tags, counts = _hash_and_count(rows, arena, key_refs, row_tenant, mask, shift, n_windows)
     part_rows = np.empty(rows.size, np.int32 if rows.max() <= np.iinfo(np.int32).max else np.int64)
-    part_rows, part_hashes = _partition(rows, _hash_rows(rows, arena, key_refs, row_tenant), mask, shift,
-                                        part_rows)
-    dup = int(_insert_all(table, part_rows, part_hashes, arena, key_refs, row_tenant))
+    part_tags = np.empty_like(tags)
+    bounds = _scatter(rows, tags, counts, mask, shift, part_rows, part_tags)
+    del tags
+    deferred = np.zeros(rows.size, np.bool_)
+    dups = _insert_windows(table, part_rows, part_tags, bounds, shift, arena, key_refs, row_tenant,
+                           deferred)
+    dup = int(dups.max())
+    if dup < 0:
+        dup = int(_insert_deferred(table, part_rows, part_tags, deferred, arena, key_refs, row_tenant))
     return -1 if dup < 0 else int(np.flatnonzero(rows == dup)[0])
 
 
