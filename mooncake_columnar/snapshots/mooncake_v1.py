@@ -11,8 +11,10 @@ everything after that (segment resolution, offsets, deadlines, validation) is ve
 
 Not represented in :class:`SnapshotState` and therefore dropped on read: replication/offload tasks
 (``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway),
-the optional per-object checksum, segment UUIDs and the upstream allocator state. Only MEMORY
-replicas are supported; any other replica type fails the candidate.
+the optional per-object checksum, segment UUIDs and the upstream allocator state (the extents
+say which memory is held). Only MEMORY replicas are supported; any other replica type fails the
+candidate. The writer derives each segment's allocator and each buffer's allocation handle from
+the extents (:mod:`.mooncake_v1_allocator`), since upstream cannot load a replica without them.
 """
 from __future__ import annotations
 
@@ -32,9 +34,18 @@ from ..schema import (
     REPLICAS_ARROW_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
     ST_COMPLETE,
+    ST_REMOVED,
 )
 from .convert import convert_legacy_ms_deadlines, legacy_system_deadline_ms
 from .manifest import snapshot_id_for, v1_manifest
+from .mooncake_v1_allocator import (
+    SegmentAllocators,
+    derive_allocators,
+    is_uint,
+    pack_allocator,
+    pack_handle,
+    unzstd,
+)
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
 
@@ -55,28 +66,11 @@ _U64 = (1 << 64) - 1
 
 
 # ---- helpers --------------------------------------------------------------------------------------
-def _unzstd(data: Any, what: str) -> bytes:
-    if not isinstance(data, bytes):
-        raise SnapshotPayloadError(f"{what}: expected zstd bytes, got {type(data).__name__}")
-    dobj = zstandard.ZstdDecompressor().decompressobj()
-    try:
-        out = dobj.decompress(data)
-    except zstandard.ZstdError as e:
-        raise SnapshotPayloadError(f"{what}: bad zstd frame: {e}") from None
-    if not dobj.eof or dobj.unused_data:
-        raise SnapshotPayloadError(f"{what}: truncated zstd frame or trailing bytes")
-    return out
-
-
 def _unpack(data: bytes, what: str) -> Any:
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise SnapshotPayloadError(f"{what}: bad msgpack: {e}") from None
-
-
-def _is_uint(v: Any) -> bool:
-    return type(v) is int and 0 <= v <= _U64
 
 
 def _is_int64(v: Any) -> bool:
@@ -118,7 +112,7 @@ def shard_index(routing_key: str) -> int:
 # ---- read ---------------------------------------------------------------------------------------
 def _decode_segments(raw: bytes) -> tuple[pa.Table, dict[str, int]]:
     """Segments table (``used`` filled later) and segment UUID -> row."""
-    top = _unpack(_unzstd(raw, SEGMENTS_FILE), SEGMENTS_FILE)
+    top = _unpack(unzstd(raw, SEGMENTS_FILE), SEGMENTS_FILE)
     if not isinstance(top, dict) or not {"ma", "an", "ms", "cs", "ld"} <= set(top):
         raise SnapshotPayloadError("segments: expected a map with ma, an, ms, cs, ld")
     if top["ma"] != UPSTREAM_ALLOCATOR_OFFSET:
@@ -138,8 +132,9 @@ def _decode_segments(raw: bytes) -> tuple[pa.Table, dict[str, int]]:
     index: dict[str, int] = {}
     for seg_id, seg in sorted(mounted.items()):
         if not (isinstance(seg, list) and len(seg) == 9 and seg[0] == seg_id
-                and isinstance(seg[1], str) and _is_uint(seg[2]) and _is_int64(seg[3])
-                and seg[3] >= 0 and isinstance(seg[4], str) and type(seg[5]) is int):
+                and isinstance(seg[1], str) and is_uint(seg[2]) and _is_int64(seg[3])
+                and seg[3] >= 0 and isinstance(seg[4], str) and type(seg[5]) is int
+                and type(seg[6]) is bool and (isinstance(seg[7], list) or not seg[6])):
             raise SnapshotPayloadError(f"segments: malformed MountedSegment {seg_id!r}")
         index[seg_id] = len(index)
         rows["name"].append(seg[1])
@@ -165,9 +160,9 @@ def _parse_meta(tenant: str, key: str, meta: Any, objs: dict[str, list], reps: d
     if not isinstance(meta, list) or len(meta) < 7:
         raise SnapshotPayloadError(f"{where}: metadata is not an array of >= 7")
     client, put_start, size, lease, has_soft_pin, soft_pin, count = meta[:7]
-    if not (isinstance(client, str) and _is_int64(put_start) and _is_uint(size)
-            and _is_int64(lease) and type(has_soft_pin) is bool and _is_uint(soft_pin)
-            and _is_uint(count)):
+    if not (isinstance(client, str) and _is_int64(put_start) and is_uint(size)
+            and _is_int64(lease) and type(has_soft_pin) is bool and is_uint(soft_pin)
+            and is_uint(count)):
         raise SnapshotPayloadError(f"{where}: bad fixed fields")
     pos, data_type = 7, 0
     if pos < len(meta) and type(meta[pos]) is int:  # optional data_type before the replicas
@@ -181,20 +176,20 @@ def _parse_meta(tenant: str, key: str, meta: Any, objs: dict[str, list], reps: d
         hard_pinned, i = rest[i], i + 1
     if i < len(rest) and isinstance(rest[i], str):
         group, i = rest[i], i + 1
-    if i < len(rest) and _is_uint(rest[i]):
+    if i < len(rest) and is_uint(rest[i]):
         i += 1  # object checksum: no column for it in SnapshotState
     if i != len(rest) or not (0 <= data_type <= 255):
         raise SnapshotPayloadError(f"{where}: unexpected optional fields {rest!r}")
     obj_index = len(objs["key"])
     statuses = []
     for rep in meta[pos:pos + count]:
-        if not (isinstance(rep, list) and len(rep) == 4 and _is_uint(rep[0])
+        if not (isinstance(rep, list) and len(rep) == 4 and is_uint(rep[0])
                 and type(rep[1]) is int and type(rep[2]) is int):
             raise SnapshotPayloadError(f"{where}: malformed replica")
         if rep[2] != UPSTREAM_REPLICA_MEMORY:
             raise SnapshotPayloadError(f"{where}: replica type {rep[2]} is not supported")
         buf = rep[3]
-        if not (isinstance(buf, list) and len(buf) == 5 and _is_uint(buf[0]) and _is_uint(buf[1])
+        if not (isinstance(buf, list) and len(buf) == 5 and is_uint(buf[0]) and is_uint(buf[1])
                 and isinstance(buf[2], str) and type(buf[3]) is bool
                 and (buf[4] is None or isinstance(buf[4], list))):
             raise SnapshotPayloadError(f"{where}: malformed memory buffer")
@@ -229,9 +224,9 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
     if not isinstance(top, dict) or set(top) != {"shards", "discarded_replicas", "replica_next_id"}:
         raise SnapshotPayloadError("metadata: expected shards, discarded_replicas, replica_next_id")
     if not isinstance(top["shards"], dict) or not isinstance(top["discarded_replicas"], list) \
-            or not _is_uint(top["replica_next_id"]):
+            or not is_uint(top["replica_next_id"]):
         raise SnapshotPayloadError("metadata: malformed top-level fields")
-    tasks = _unpack(_unzstd(payloads[TASK_MANAGER_FILE], TASK_MANAGER_FILE), TASK_MANAGER_FILE)
+    tasks = _unpack(unzstd(payloads[TASK_MANAGER_FILE], TASK_MANAGER_FILE), TASK_MANAGER_FILE)
     if not isinstance(tasks, list) or any(not (isinstance(t, list) and len(t) == 8) for t in tasks):
         raise SnapshotPayloadError("task_manager: expected an array of 8-field tasks")
     objs: dict[str, list] = {k: [] for k in (
@@ -240,9 +235,9 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
     reps: dict[str, list] = {k: [] for k in (
         "object_index", "replica_id", "status", "segment_id", "buffer_ptr", "size")}
     for shard_idx, blob in top["shards"].items():
-        if not (_is_uint(shard_idx) and shard_idx < NUM_SHARDS):
+        if not (is_uint(shard_idx) and shard_idx < NUM_SHARDS):
             raise SnapshotPayloadError(f"metadata: bad shard index {shard_idx!r}")
-        shard = _unpack(_unzstd(blob, f"metadata shard {shard_idx}"), f"metadata shard {shard_idx}")
+        shard = _unpack(unzstd(blob, f"metadata shard {shard_idx}"), f"metadata shard {shard_idx}")
         if not isinstance(shard, dict) or set(shard) != {"metadata"} \
                 or not isinstance(shard["metadata"], list):
             raise SnapshotPayloadError(f"metadata shard {shard_idx}: expected {{metadata: [...]}}")
@@ -316,7 +311,9 @@ def encode_v1(state: SnapshotState, *, system_now_ns: int, steady_now_ns: int
     """Upstream v1 payloads (metadata, segments, task_manager, descriptor.txt) for ``state``.
 
     Steady deadlines become system ms through one (system, steady) pair; soft pin is lost (v1 has
-    no slot for it). Client ids must already be upstream UUID strings.
+    no slot for it). Client ids must already be upstream UUID strings. Each segment gets the
+    OffsetBufferAllocator state, and each buffer the allocation handle, that upstream needs to
+    load the replica (derived from the extents, see :mod:`.mooncake_v1_allocator`).
     """
     state.validate()
     objects, replicas, segments = state.objects, state.replicas, state.segments
@@ -329,35 +326,62 @@ def encode_v1(state: SnapshotState, *, system_now_ns: int, steady_now_ns: int
     except SnapshotPayloadError as e:
         raise SerializeFail(str(e)) from None
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    seg_uuid = [_segment_uuid(name) for name in segments.column("name").to_pylist()]
 
-    seg_names = segments.column("name").to_pylist()
-    seg_uuid = [_segment_uuid(name) for name in seg_names]
-    mounted, owners = {}, {}
-    for row, (uid, name, endpoint, client, base, size, readable) in enumerate(zip(
-            seg_uuid, seg_names, *(segments.column(c).to_pylist() for c in (
-                "endpoint", "client", "base", "size", "readable")))):
-        status = SEGMENT_STATUS_OK if readable else SEGMENT_STATUS_UNMOUNTING
-        mounted[uid] = [uid, name, base, size, endpoint, status, False, None, ""]
-        if client:
-            owners.setdefault(client, []).append(uid)
-    segments_blob = compressor.compress(msgpack.packb({
-        "ma": UPSTREAM_ALLOCATOR_OFFSET, "an": seg_names, "ms": dict(sorted(mounted.items())),
-        "cs": {c: sorted(ids) for c, ids in sorted(owners.items())}, "ld": {}}))
-
-    lease_ms = legacy_system_deadline_ms(objects.column("lease_deadline_ns").to_numpy(),
-                                         system_now_ns=system_now_ns, steady_now_ns=steady_now_ns)
     # Replicas in object order (CSR) so each object's replicas are one slice.
     order = np.argsort(replicas.column("object_index").to_numpy(), kind="stable")
     reps = replicas.take(pa.array(order))
     seg_row = pc.index_in(reps.column("segment"), value_set=segments.column("name")).to_numpy(
         zero_copy_only=False).astype(np.int64)
+    size = reps.column("size").to_numpy()
+    # REMOVED replicas no longer own their extent and an empty one owns none: no node, no handle.
+    held = (reps.column("status").to_numpy() != ST_REMOVED) & (size > 0)
+    allocators = derive_allocators(segments, seg_row, reps.column("offset").to_numpy(), size, held)
+    rep_items = _replica_items(reps, segments, seg_row, seg_uuid, allocators)
+    return {
+        METADATA_FILE: _metadata_blob(state, rep_items, system_now_ns, steady_now_ns, compressor),
+        SEGMENTS_FILE: _segments_blob(segments, seg_uuid, allocators, compressor),
+        TASK_MANAGER_FILE: compressor.compress(msgpack.packb([])),
+        DESCRIPTOR_FILE: f"0|0|{int(system_now_ns) // 1_000_000}".encode(),
+    }
+
+
+def _segments_blob(segments: pa.Table, seg_uuid: list[str], allocators: SegmentAllocators,
+                   compressor: zstandard.ZstdCompressor) -> bytes:
+    seg_names = segments.column("name").to_pylist()
+    mounted, owners = {}, {}
+    for row, (uid, name, endpoint, client, base, size, readable) in enumerate(zip(
+            seg_uuid, seg_names, *(segments.column(c).to_pylist() for c in (
+                "endpoint", "client", "base", "size", "readable")))):
+        status = SEGMENT_STATUS_OK if readable else SEGMENT_STATUS_UNMOUNTING
+        allocator = pack_allocator(allocators.state(row), compressor)
+        mounted[uid] = [uid, name, base, size, endpoint, status, True, allocator, ""]
+        if client:
+            owners.setdefault(client, []).append(uid)
+    return compressor.compress(msgpack.packb({
+        "ma": UPSTREAM_ALLOCATOR_OFFSET, "an": seg_names, "ms": dict(sorted(mounted.items())),
+        "cs": {c: sorted(ids) for c, ids in sorted(owners.items())}, "ld": {}}))
+
+
+def _replica_items(reps: pa.Table, segments: pa.Table, seg_row: np.ndarray, seg_uuid: list[str],
+                   allocators: SegmentAllocators) -> list[list]:
+    """Each replica's msgpack value, in the order of ``reps``."""
     ptr = (segments.column("base").to_numpy()[seg_row].astype(np.uint64)
            + reps.column("offset").to_numpy().astype(np.uint64))
-    rep_items = [[rid, st, UPSTREAM_REPLICA_MEMORY, [sz, p, seg_uuid[s], False, None]]
-                 for rid, st, sz, p, s in zip(reps.column("replica_id").to_pylist(),
-                                              reps.column("status").to_pylist(),
-                                              reps.column("size").to_pylist(), ptr.tolist(),
-                                              seg_row.tolist())]
+    has_handle = allocators.node >= 0
+    return [[rid, st, UPSTREAM_REPLICA_MEMORY,
+             [sz, p, seg_uuid[s], h, pack_handle(p, sz, off, node) if h else None]]
+            for rid, st, sz, p, s, h, off, node in zip(
+                reps.column("replica_id").to_pylist(), reps.column("status").to_pylist(),
+                reps.column("size").to_pylist(), ptr.tolist(), seg_row.tolist(),
+                has_handle.tolist(), allocators.offset.tolist(), allocators.node.tolist())]
+
+
+def _metadata_blob(state: SnapshotState, rep_items: list[list], system_now_ns: int,
+                   steady_now_ns: int, compressor: zstandard.ZstdCompressor) -> bytes:
+    objects = state.objects
+    lease_ms = legacy_system_deadline_ms(objects.column("lease_deadline_ns").to_numpy(),
+                                         system_now_ns=system_now_ns, steady_now_ns=steady_now_ns)
     starts = np.concatenate([[0], np.cumsum(objects.column("replica_count").to_numpy())]).tolist()
     shards: dict[int, list] = {}
     cols = [objects.column(c).to_pylist() for c in (
@@ -367,19 +391,12 @@ def encode_v1(state: SnapshotState, *, system_now_ns: int, steady_now_ns: int
         meta = [client, put_start, size, int(lease_ms[i]), False, 0, count, dtype,
                 *rep_items[starts[i]:starts[i + 1]], hard, group]
         shards.setdefault(shard_index(group or key), []).append([tenant, key, meta])
-    metadata_blob = msgpack.packb({
+    return msgpack.packb({
         "shards": {idx: compressor.compress(msgpack.packb({"metadata": sorted(items)}))
                    for idx, items in sorted(shards.items())},
         "discarded_replicas": [],
         "replica_next_id": int(state.replica_next_id),
     })
-    created_ms = int(system_now_ns) // 1_000_000
-    return {
-        METADATA_FILE: metadata_blob,
-        SEGMENTS_FILE: segments_blob,
-        TASK_MANAGER_FILE: compressor.compress(msgpack.packb([])),
-        DESCRIPTOR_FILE: f"0|0|{created_ms}".encode(),
-    }
 
 
 def write_v1(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int,
