@@ -79,15 +79,35 @@ def _scatter(rows, tags, counts, mask, shift, part_rows, part_tags):
 
 
 @njit(inline="always", cache=True)
+def _empty_or_tag_match(table, h, stop):
+    """(slot, tag matched): the first slot of ``h``'s probe that is empty or holds its tag;
+    (-1, False) if the probe steps onto ``stop`` first. Reads only the table."""
+    mask = table.shape[0] - 1
+    i = hk.home_slot(h, mask)
+    while True:
+        v = table[i]
+        if v == hk.EMPTY_SLOT:
+            return i, False
+        if hk.same_tag(v, h):
+            return i, True
+        i = (i + 1) & mask
+        if i == stop:
+            return -1, False
+
+
+@njit(inline="always", cache=True)
 def _insert(table, r, tag, arena, key_refs, row_tenant, stop):
     """Insert row ``r`` unless its (tenant, key) is present: 1 inserted, 0 present, -1 deferred
-    (the probe reached ``stop``)."""
-    ref = key_refs[r]
+    (the probe reached ``stop``). The row's key and tenant are read only when a slot holds its
+    tag (rare): the usual insert touches the table window alone, no random row loads."""
     h = _tag_hash(tag)
-    existing, slot = hk.probe_until(table, arena, key_refs, row_tenant, arena, hk.ref_offset(ref),
-                                    hk.ref_length(ref), row_tenant[r], h, stop)
-    if existing >= 0:
-        return 0
+    slot, matched = _empty_or_tag_match(table, h, stop)
+    if matched:
+        ref = key_refs[r]
+        existing, slot = hk.probe_until(table, arena, key_refs, row_tenant, arena, hk.ref_offset(ref),
+                                        hk.ref_length(ref), row_tenant[r], h, stop)
+        if existing >= 0:
+            return 0
     if slot < 0:
         return -1
     hk.fill_slot(table, slot, h, r)
