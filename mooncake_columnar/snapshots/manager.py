@@ -25,6 +25,7 @@ import numpy as np
 from ..clock import NS_PER_MS, Clocks
 from ..config import MasterConfig
 from ..errors import InvalidParams
+from ..memory import prefault, warm_free_memory
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .arrow_codec import state_payloads
 from .complete import RestoreStats, restore_latest_with
@@ -60,13 +61,15 @@ class _FreezeBuffers:
         from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
         from ..store.arrow_io import FROZEN_OBJECT_COLUMNS, FROZEN_REPLICA_COLUMNS
         cap = rows + rows // 8 + 1024
+        fresh = []
         for name in (*FROZEN_OBJECT_COLUMNS, *FROZEN_REPLICA_COLUMNS):
             have = self.arrays.get(name)
             shape = (cap,) if name in FROZEN_OBJECT_COLUMNS else (cap, slots)
             if have is None or have.shape[0] < rows or have.shape[1:] != shape[1:]:
                 dtype = OBJECT_COLUMNS.get(name) or REPLICA_COLUMNS[name]
-                self.arrays[name] = np.zeros(shape, dtype)
-                self.arrays[name].fill(0)  # fault the pages in now, outside the lock
+                self.arrays[name] = np.empty(shape, dtype)
+                fresh.append(self.arrays[name])
+        prefault(fresh)  # fault the pages in now, outside the lock, from several threads
 
     def alloc(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         have = self.arrays.get(name)
@@ -80,12 +83,14 @@ class SnapshotManager:
 
     ``write_v1=True`` publishes upstream's ``messagepack|1.0.0`` format instead of v2 (rollback to
     a v1-only master); both formats restore here. ``retention`` snapshots are kept (upstream
-    ``snapshot_retention_count``, which must be >= 1).
+    ``snapshot_retention_count``, which must be >= 1). ``prefault``: before writing to a local
+    repository, fault fresh memory in from several threads (see :mod:`..memory`; a VM that
+    hands freed memory back to its host otherwise faults every page cache page one at a time).
     """
 
     def __init__(self, master: "MasterService", repo: SnapshotRepository, *,
                  interval_s: float = 600, retention: int = 2, compression: str | None = None,
-                 write_v1: bool = False) -> None:
+                 write_v1: bool = False, prefault: bool = True) -> None:
         if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or interval_s <= 0:
             raise InvalidParams(f"interval_s must be a positive number, got {interval_s!r}")
         if isinstance(retention, bool) or not isinstance(retention, int) or retention < 1:
@@ -100,6 +105,7 @@ class SnapshotManager:
         self.retention = retention
         self.compression = compression
         self.write_v1 = bool(write_v1)
+        self.prefault = bool(prefault)
         self._id_lock = threading.Lock()
         self._last_id: str | None = None
         self._id_initialized = False
@@ -160,6 +166,8 @@ class SnapshotManager:
                 # The state comes straight from the engine: its key index guarantees unique keys.
                 payloads = state_payloads(state, self.compression, keys_known_unique=True)
                 manifest = v2_manifest(sid, system_ns, steady_ns).encode()
+            if self.prefault and self.repo.is_local and not self.write_v1:  # ~ the files' bytes
+                warm_free_memory(sum(t.nbytes for t in (state.objects, state.replicas, state.segments)))
             self.repo.publish(sid, payloads, manifest)
             size = sum(map(stored_size, payloads.values()))
         except Exception:
@@ -258,14 +266,17 @@ def primary_snapshot_manager(master: "MasterService", repo: SnapshotRepository, 
 
 def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = None,
                    clocks: Clocks | None = None, snapshot_restore_drop_expired: bool = True,
-                   drop_expired: bool | None = None) -> tuple["MasterService", RestoreStats]:
+                   drop_expired: bool | None = None, prefault: bool = True
+                   ) -> tuple["MasterService", RestoreStats]:
     """A MasterService rebuilt from the newest usable complete snapshot (v2 or v1).
 
     ``snapshot_restore_drop_expired`` (alias ``drop_expired``): drop non-hard-pinned objects whose
     lease and soft pin are both expired (RFC default); False keeps them as evictable cache.
     Segments come back mounted and readable; their clients must ping/remount within
     ``client_live_ttl_s``. Raises :class:`~mooncake_columnar.errors.NoUsableSnapshot` (with
-    ``.stats``) when every candidate fails.
+    ``.stats``) when every candidate fails. ``prefault``: first fault in, from several threads,
+    fresh memory for the engine and the decode (:mod:`..memory`), sized from the newest local
+    candidate.
     """
     from ..clock import MonotonicClocks
     from ..master import MasterService
@@ -276,6 +287,10 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         raise InvalidParams("snapshot_restore_drop_expired must be a bool")
     clocks = clocks if clocks is not None else MonotonicClocks()
     t0 = time.perf_counter()
+    if prefault and repo.is_local:
+        candidates = repo.candidates()
+        if candidates:  # the engine holds about the payload's bytes; decoding adds a third more
+            warm_free_memory(repo.stored_bytes(candidates[0]) * 4 // 3)
 
     def build(state: SnapshotState) -> "MasterService":
         # Inside the candidate's failure scope: an engine-side rejection falls back too.

@@ -70,6 +70,17 @@ class SnapshotRepository:
         self.backup_dir = Path(backup_dir) if backup_dir is not None else None
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
 
+    @property
+    def is_local(self) -> bool:
+        """Files on this machine (their writes fill the page cache), not in an object store."""
+        return self._local
+
+    def stored_bytes(self, snapshot_id: str) -> int:
+        """Total size of the files of one snapshot (0 if it has none)."""
+        selector = pafs.FileSelector(self._path(snapshot_id), recursive=False, allow_not_found=True)
+        return sum(info.size or 0 for info in self.fs.get_file_info(selector)
+                   if info.type == pafs.FileType.File)
+
     # ---- low-level I/O --------------------------------------------------------------------------
     def _path(self, *parts: str) -> str:
         return "/".join((self.base, *parts))
