@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
 from ..errors import ClockConversionError
@@ -39,11 +39,12 @@ def _check_chain(start: int, steps: Sequence[Step], what: str) -> None:
             raise ClockConversionError(f"{what}: int64 overflow converting deadline {start}")
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _live_range(values):
     """(count, min, max) of the values that are not the sentinel."""
     count, lo, hi = 0, INT64_MAX, INT64_MIN
-    for v in values:
+    for i in prange(values.shape[0]):
+        v = values[i]
         if v != SENTINEL:
             count += 1
             lo = min(lo, v)
@@ -51,22 +52,23 @@ def _live_range(values):
     return count, lo, hi
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _shifted(values, delta):
     """values + delta (uint64 bits: wrapping, exact whenever the true sum fits int64), the
-    sentinel kept; also whether a shifted value landed on the sentinel."""
+    sentinel kept; also how many shifted values landed on the sentinel."""
     out = np.empty_like(values)
-    hit = False
+    hits = 0
     d = np.uint64(delta)
-    for i in range(values.shape[0]):
+    for i in prange(values.shape[0]):
         v = values[i]
         if v == SENTINEL:
             out[i] = v
         else:
             w = np.int64(np.uint64(v) + d)
-            hit |= w == SENTINEL
+            if w == SENTINEL:
+                hits += 1
             out[i] = w
-    return out, hit
+    return out, hits
 
 
 def _apply_chain(values: np.ndarray, steps: Sequence[Step], what: str) -> np.ndarray:
@@ -80,9 +82,9 @@ def _apply_chain(values: np.ndarray, steps: Sequence[Step], what: str) -> np.nda
     _check_chain(int(hi), steps, what)
     # Every intermediate fits, so the total shift applied in two's complement is exact.
     delta = sum(sign * operand for sign, operand in steps) % (1 << 64)
-    out, hit = _shifted(values, np.uint64(delta))
+    out, hits = _shifted(values, np.uint64(delta))
     # A converted deadline must never land on the sentinel value itself.
-    if hit:
+    if hits:
         raise ClockConversionError(f"{what}: a deadline converts onto the INT64_MIN sentinel")
     return out
 
