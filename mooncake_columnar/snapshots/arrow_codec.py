@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import pyarrow as pa
@@ -203,17 +204,20 @@ def decode_state(payloads: dict[str, bytes | pa.Buffer], *, check_unique_keys: b
     and validate the result (the (tenant, key) uniqueness check may be left to a caller that
     loads the keys into an index anyway)."""
     verify_digest(payloads)
-    replicas = _read_ipc(payloads[REPLICAS_FILE], REPLICAS_PAYLOAD_SCHEMA, REPLICAS_FILE)
+    # Arrow validates without the GIL: the objects file (the largest) in a second thread
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        objects = pool.submit(_read_ipc, payloads[OBJECTS_FILE], OBJECTS_PAYLOAD_SCHEMA, OBJECTS_FILE)
+        replicas = _read_ipc(payloads[REPLICAS_FILE], REPLICAS_PAYLOAD_SCHEMA, REPLICAS_FILE)
+        segments = _read_ipc(payloads[SEGMENTS_FILE], SEGMENTS_ARROW_SCHEMA, SEGMENTS_FILE)
+        objects = objects.result()
     meta = replicas.schema.metadata or {}
     raw_next = meta.get(_NEXT_ID_KEY)
     if raw_next is None or not raw_next.isdigit() or (len(raw_next) > 1 and raw_next[:1] == b"0"):
         raise SnapshotSchemaError(f"{REPLICAS_FILE}: missing or malformed replica_next_id")
     state = SnapshotState(
-        objects=_read_ipc(payloads[OBJECTS_FILE], OBJECTS_PAYLOAD_SCHEMA, OBJECTS_FILE)
-        .replace_schema_metadata(None),
+        objects=objects.replace_schema_metadata(None),
         replicas=replicas.replace_schema_metadata(None),
-        segments=_read_ipc(payloads[SEGMENTS_FILE], SEGMENTS_ARROW_SCHEMA, SEGMENTS_FILE)
-        .replace_schema_metadata(None),
+        segments=segments.replace_schema_metadata(None),
         replica_next_id=int(raw_next),
     )
     return state.validate(check_unique_keys=check_unique_keys)
