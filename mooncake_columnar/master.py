@@ -286,7 +286,8 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         used, arena_used, self.next_replica_id = ok.insert_new_puts(
             picks, offsets, data, tenant, sizes, config.replica_num, preferred, free_rows,
             self.keys.table, self.keys.arena, self.keys.arena_used, o.key_ref, o.tenant,
-            seg.allocatable, seg.capacity, seg.used, seg.extent_starts, seg.extent_lengths, seg.extent_counts,
+            seg.allocatable, seg.capacity, seg.unit_bits, seg.used,
+            seg.extent_starts, seg.extent_lengths, seg.extent_counts,
             o.replica_segment, o.replica_offset, o.replica_status, o.replica_kind, o.replica_id,
             self.next_replica_id, codes, rows_out)
         o.release_rows(free_rows[used:])
@@ -488,7 +489,8 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         o, seg = self.objects, self.segments
         segs, offs, lens, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes, o.replica_status,
                                                    o.replica_kind, o.replica_segment, o.replica_offset)
-        ak.free_extent_list(segs, offs, lens, seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
+        ak.free_extent_list(segs, offs, lens, seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used,
+                            seg.unit_bits, seg.capacity)
         return int(dropped)
 
     def _finalize_removed(self, rows: np.ndarray, replica_ids: np.ndarray) -> None:

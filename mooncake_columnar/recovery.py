@@ -51,13 +51,14 @@ class RecoveryFault(RuntimeError):
 
 
 def _rebuild_one(m: "MasterService", bits: np.ndarray, matched: int, on: np.ndarray, code: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(free starts, free lengths, used bytes) of segment ``code`` from its occupied extents; a
+    """(free starts, free lengths, used bytes) of segment ``code`` from its held extents; a
     streaming pass when replicas lie in offset order, else gather + sort. Raises ValueError on
-    an overlap or an extent beyond the capacity."""
+    an overlap, two extents sharing an allocation unit or an extent beyond the capacity."""
     o, seg = m.objects, m.segments
-    capacity = int(seg.capacity[code])
+    capacity, unit_bits = int(seg.capacity[code]), int(seg.unit_bits[code])
     status, starts, lengths, used = ok.free_extents_of_segment(
-        bits, code, capacity, o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset)
+        bits, code, capacity, unit_bits, o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
+        o.replica_offset)
     if status == ok.REBUILD_OK:
         return starts, lengths, int(used)
     if status == ok.REBUILD_UNSORTED:
@@ -65,9 +66,9 @@ def _rebuild_one(m: "MasterService", bits: np.ndarray, matched: int, on: np.ndar
         only[code] = True
         _, offs, sizes = ok.segment_extents(bits, matched, only, o.size_bytes, o.replica_status, o.replica_kind,
                                             o.replica_segment, o.replica_offset)
-        starts, lengths = ak.free_extents_from_occupied(capacity, offs, sizes)
-        return starts, lengths, int(sizes.sum())
-    what = "overlap" if status == ok.REBUILD_OVERLAP else "lie outside the segment capacity"
+        return ak.free_extents_from_occupied(capacity, offs, sizes, unit_bits)
+    what = {ok.REBUILD_OVERLAP: "overlap", ok.REBUILD_OUT_OF_RANGE: "lie outside the segment capacity",
+            ok.REBUILD_SHARED_UNIT: f"share an allocation unit of {1 << unit_bits} bytes"}[status]
     raise ValueError(f"segment {seg.info[code].name!r}: replica extents {what}")
 
 

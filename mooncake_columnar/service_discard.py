@@ -49,7 +49,8 @@ class DiscardMixin:
             return 0
         seg = self.segments
         ak.free_extent_list(self._discarded_seg[due], self._discarded_off[due], self._discarded_size[due],
-                            seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used)
+                            seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used,
+                            seg.unit_bits, seg.capacity)
         self._drop_discarded(~due)
         return int(due.sum())
 

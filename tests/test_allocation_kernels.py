@@ -17,7 +17,8 @@ def _allocated(sizes: list[int], segments: int) -> tuple[SegmentTable, np.ndarra
     for i, size in enumerate(sizes):
         s = i % segments
         segs.append(s)
-        offs.append(ak.alloc_first_fit(table.extent_starts, table.extent_lengths, table.extent_counts, s, size))
+        offs.append(ak.alloc_first_fit(table.extent_starts, table.extent_lengths, table.extent_counts,
+                                       table.unit_bits, table.capacity, s, size))
         table.used[s] += size
     return table, np.array(segs, np.int64), np.array(offs, np.int64), np.array(sizes, np.int64)
 
@@ -39,12 +40,14 @@ def test_batch_free_in_any_order_matches_ascending_order(sizes, segments, data):
         table, segs, offs, lens = _allocated(sizes, segments)
         order = np.array(picks) if shuffle else np.sort(picks)
         assert ak.free_extent_list(segs[order], offs[order], lens[order], table.extent_starts,
-                                   table.extent_lengths, table.extent_counts, table.used) == 0
+                                   table.extent_lengths, table.extent_counts, table.used,
+                                   table.unit_bits, table.capacity) == 0
         results.append(([_free_list(table, s) for s in range(segments)], table.used[:segments].tolist()))
     assert results[0] == results[1]
     # freeing everything that is left restores one extent per segment
     table, segs, offs, lens = _allocated(sizes, segments)
-    ak.free_extent_list(segs, offs, lens, table.extent_starts, table.extent_lengths, table.extent_counts, table.used)
+    ak.free_extent_list(segs, offs, lens, table.extent_starts, table.extent_lengths, table.extent_counts, table.used,
+                        table.unit_bits, table.capacity)
     assert [_free_list(table, s) for s in range(segments)] == [[(0, 1 << 20)]] * segments
 
 
@@ -52,5 +55,5 @@ def test_double_free_is_rejected_not_merged():
     table, segs, offs, lens = _allocated([100, 200], 1)
     again = np.array([0, 0], np.int64)
     bad = ak.free_extent_list(segs[again], offs[again], lens[again], table.extent_starts, table.extent_lengths,
-                              table.extent_counts, table.used)
+                              table.extent_counts, table.used, table.unit_bits, table.capacity)
     assert bad == 2 and table.used[0] == 300

@@ -119,11 +119,12 @@ def test_gaps_in_offset_order_match_the_general_rebuild() -> None:
         offsets[i] = ends[seg[i]] + gaps_before[i]
         ends[seg[i]] = offsets[i] + sizes[i]
     capacity = ends + np.array([0, 7, 1000])  # segment 0 is full to the end
-    ok_, starts, lengths, bounds, used = gaps_in_offset_order(seg, offsets, sizes, capacity)
+    unit_bits = np.zeros(n_seg, np.int64)
+    ok_, starts, lengths, bounds, used = gaps_in_offset_order(seg, offsets, sizes, capacity, unit_bits)
     assert ok_
     for c in range(n_seg):
         mine = seg == c
-        want_starts, want_lengths = free_extents_from_occupied(int(capacity[c]), offsets[mine], sizes[mine])
+        want_starts, want_lengths, _ = free_extents_from_occupied(int(capacity[c]), offsets[mine], sizes[mine], 0)
         assert np.array_equal(starts[bounds[c]:bounds[c + 1]], want_starts)
         assert np.array_equal(lengths[bounds[c]:bounds[c + 1]], want_lengths)
         assert used[c] == sizes[mine].sum()
@@ -138,4 +139,4 @@ def test_gaps_in_offset_order_match_the_general_rebuild() -> None:
             z[np.flatnonzero(seg == 0)[-1]] += 1
         else:
             z[first] = 0
-        assert not gaps_in_offset_order(seg, o, z, capacity)[0]
+        assert not gaps_in_offset_order(seg, o, z, capacity, unit_bits)[0]

@@ -3,6 +3,10 @@
 Extents of segment s live in ``starts[s][:counts[s]]`` / ``lengths[s][:counts[s]]`` sorted by
 start and never adjacent (frees coalesce). ``starts``/``lengths`` are numba typed Lists so one
 kernel can place a whole batch across segments.
+
+A replica holds whole allocation units of ``1 << unit_bits[s]`` bytes (:func:`held_end`), as
+upstream's allocator does, so no two replicas ever share a unit and a v1 rollback can always
+express the layout. Segments up to 3.75 GiB have 1-byte units: byte-exact extents.
 """
 from __future__ import annotations
 
@@ -10,49 +14,66 @@ import numpy as np
 from numba import njit
 
 
+@njit(inline="always", cache=True)
+def held_end(offset, size, unit_bits, capacity):
+    """End of the bytes a replica at ``offset`` of ``size`` bytes holds: its extent rounded up to
+    the segment's allocation unit, clipped at the segment end. The one held-extent rule: every
+    allocation, free and rebuild goes through it. Works on scalars and (offset, size) arrays."""
+    mask = (np.int64(1) << unit_bits) - 1
+    return np.minimum((offset + size + mask) & ~mask, capacity)
+
+
 @njit(cache=True)
-def alloc_first_fit(starts, lengths, counts, s, size):
-    """Allocate ``size`` bytes on segment ``s``; returns the offset or -1."""
+def alloc_first_fit(starts, lengths, counts, unit_bits, capacity, s, size):
+    """Allocate ``size`` bytes on segment ``s``; returns the offset or -1. The extent taken is
+    the held one (whole units), so the next allocation starts on a unit boundary. Nothing is
+    placed in a partial last unit (a capacity that is not a whole number of units): upstream's
+    allocator only has ``capacity >> unit_bits`` units, so a v1 rollback could not express it."""
     st = starts[s]
     ln = lengths[s]
     n = counts[s]
     for i in range(n):
         if ln[i] >= size:
             off = st[i]
-            if ln[i] == size:
+            held = held_end(off, size, unit_bits[s], capacity[s]) - off
+            if ln[i] < held or held & ((np.int64(1) << unit_bits[s]) - 1):
+                continue  # too short, or only the partial last unit: upstream cannot hold that
+            if ln[i] == held:
                 st[i:n - 1] = st[i + 1:n].copy()
                 ln[i:n - 1] = ln[i + 1:n].copy()
                 counts[s] = n - 1
             else:
-                st[i] += size
-                ln[i] -= size
+                st[i] += held
+                ln[i] -= held
             return off
     return -1
 
 
 @njit(cache=True)
-def free_extent(starts, lengths, counts, s, offset, size):
-    """Return [offset, offset+size) to segment ``s``, coalescing neighbours. False on overlap."""
+def free_extent(starts, lengths, counts, used, unit_bits, capacity, s, offset, size):
+    """Return the extent held by a replica at ``offset`` of ``size`` bytes to segment ``s``,
+    coalescing neighbours, and take it off ``used[s]``. False (nothing changed) on overlap."""
     st = starts[s]
     ln = lengths[s]
     n = counts[s]
+    held = held_end(offset, size, unit_bits[s], capacity[s]) - offset
     pos = np.searchsorted(st[:n], offset)
     if pos > 0 and st[pos - 1] + ln[pos - 1] > offset:
         return False
-    if pos < n and offset + size > st[pos]:
+    if pos < n and offset + held > st[pos]:
         return False
     merge_prev = pos > 0 and st[pos - 1] + ln[pos - 1] == offset
-    merge_next = pos < n and offset + size == st[pos]
+    merge_next = pos < n and offset + held == st[pos]
     if merge_prev and merge_next:
-        ln[pos - 1] += size + ln[pos]
+        ln[pos - 1] += held + ln[pos]
         st[pos:n - 1] = st[pos + 1:n].copy()
         ln[pos:n - 1] = ln[pos + 1:n].copy()
         counts[s] = n - 1
     elif merge_prev:
-        ln[pos - 1] += size
+        ln[pos - 1] += held
     elif merge_next:
         st[pos] = offset
-        ln[pos] += size
+        ln[pos] += held
     else:
         if n == st.shape[0]:
             grown_st = np.empty(max(8, 2 * n), np.int64)
@@ -66,16 +87,18 @@ def free_extent(starts, lengths, counts, s, offset, size):
         st[pos + 1:n + 1] = st[pos:n].copy()
         ln[pos + 1:n + 1] = ln[pos:n].copy()
         st[pos] = offset
-        ln[pos] = size
+        ln[pos] = held
         counts[s] = n + 1
+    used[s] -= held
     return True
 
 
 @njit(cache=True, nogil=True)
-def _merge_free(starts, lengths, counts, s, offs, sizes, lo, hi):
-    """Merge the sorted extents offs[lo:hi] into segment s's free list in one linear pass.
+def _merge_free(starts, lengths, counts, s, offs, sizes, lo, hi, unit_bits, capacity):
+    """Merge the held extents of the replicas offs/sizes[lo:hi] (sorted by offset) into segment
+    s's free list in one linear pass; returns the bytes freed.
 
-    Returns False (and changes nothing) if any of them overlaps free space or each other.
+    Returns -1 (and changes nothing) if any of them overlaps free space or each other.
     """
     st = starts[s]
     ln = lengths[s]
@@ -86,15 +109,18 @@ def _merge_free(starts, lengths, counts, s, offs, sizes, lo, hi):
     k = 0
     i = 0
     j = lo
+    freed = 0
     while i < n or j < hi:
         if j >= hi or (i < n and st[i] < offs[j]):
             a, b = st[i], ln[i]
             i += 1
         else:
-            a, b = offs[j], sizes[j]
+            a = offs[j]
+            b = held_end(a, sizes[j], unit_bits[s], capacity[s]) - a
+            freed += b
             j += 1
         if k > 0 and out_st[k - 1] + out_ln[k - 1] > a:
-            return False  # overlap: a double free or a corrupt extent
+            return -1  # overlap: a double free or a corrupt extent
         if k > 0 and out_st[k - 1] + out_ln[k - 1] == a:
             out_ln[k - 1] += b
         else:
@@ -104,21 +130,20 @@ def _merge_free(starts, lengths, counts, s, offs, sizes, lo, hi):
     starts[s] = out_st
     lengths[s] = out_ln
     counts[s] = k
-    return True
+    return freed
 
 
 @njit(cache=True, nogil=True)
-def _free_sorted(segs, offsets, sizes, starts, lengths, counts, used):
+def _free_sorted(segs, offsets, sizes, starts, lengths, counts, used, unit_bits, capacity):
     bad = 0
     lo = 0
     while lo < segs.shape[0]:
         hi = lo
-        total = 0
         while hi < segs.shape[0] and segs[hi] == segs[lo]:
-            total += sizes[hi]
             hi += 1
-        if _merge_free(starts, lengths, counts, segs[lo], offsets, sizes, lo, hi):
-            used[segs[lo]] -= total
+        freed = _merge_free(starts, lengths, counts, segs[lo], offsets, sizes, lo, hi, unit_bits, capacity)
+        if freed >= 0:
+            used[segs[lo]] -= freed
         else:
             bad += hi - lo
         lo = hi
@@ -154,9 +179,10 @@ def _by_segment(segs, offsets, sizes, n_segments):
 
 
 def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, starts, lengths,
-                     counts: np.ndarray, used: np.ndarray) -> int:
-    """Free many extents at once: sorted per segment, then merged linearly (one O(n + m) pass per
-    segment instead of one array insertion per extent). Returns how many were rejected."""
+                     counts: np.ndarray, used: np.ndarray, unit_bits: np.ndarray, capacity: np.ndarray) -> int:
+    """Free the held extents of many replicas (segment, offset, object size) at once: sorted per
+    segment, then merged linearly (one O(n + m) pass per segment instead of one array insertion
+    per extent). Returns how many were rejected."""
     if segs.size == 0:
         return 0
     segs, offsets, sizes = (np.ascontiguousarray(a, np.int64) for a in (segs, offsets, sizes))
@@ -167,13 +193,16 @@ def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, s
         else:
             order = np.lexsort((offsets, segs))
         by_seg, offs, lens = segs[order], offsets[order], sizes[order]
-    return int(_free_sorted(by_seg, offs, lens, starts, lengths, counts, used))
+    return int(_free_sorted(by_seg, offs, lens, starts, lengths, counts, used, unit_bits, capacity))
 
 
-def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.ndarray):
-    """Vectorized rebuild: the gaps between occupied extents become free space.
+def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.ndarray,
+                               unit_bits: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Vectorized rebuild: the gaps between the held extents of the replicas (offset, object
+    size) become free space.
 
-    Returns (starts, lengths) or raises ValueError naming the first overlap / out-of-range extent.
+    Returns (starts, lengths, used bytes) or raises ValueError naming the first overlap, shared
+    allocation unit or out-of-range extent.
     """
     offsets = np.asarray(offsets, np.int64)
     sizes = np.asarray(sizes, np.int64)
@@ -187,11 +216,13 @@ def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.nda
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"extent [{o[i]}, {ends[i]}) outside segment capacity {capacity}")
-    overlap = o[1:] < ends[:-1]
+    held = held_end(o, z, np.int64(unit_bits), np.int64(capacity))
+    overlap = o[1:] < held[:-1]
     if overlap.any():
         i = int(np.flatnonzero(overlap)[0])
-        raise ValueError(f"extents [{o[i]}, {ends[i]}) and [{o[i + 1]}, {ends[i + 1]}) overlap")
-    gap_starts = np.concatenate(([0], ends))
+        what = "overlap" if o[i + 1] < ends[i] else f"share an allocation unit of {1 << unit_bits} bytes"
+        raise ValueError(f"extents [{o[i]}, {ends[i]}) and [{o[i + 1]}, {ends[i + 1]}) {what}")
+    gap_starts = np.concatenate(([0], held))
     gap_ends = np.concatenate((o, [capacity]))
     keep = gap_ends > gap_starts
-    return gap_starts[keep], (gap_ends - gap_starts)[keep]
+    return gap_starts[keep], (gap_ends - gap_starts)[keep], int((held - o).sum())

@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import hashing as hk
+from .allocation import held_end
 
 # At most 2^10 windows (128 KiB of table each at 16M slots), each at least 2^12 slots.
 _WINDOW_COUNT_BITS = 10
@@ -199,12 +200,13 @@ def set_key_refs(key_refs, rows, offsets, shift):
 
 
 @njit(cache=True, nogil=True)
-def gaps_in_offset_order(seg, offsets, sizes, capacity):
-    """(ok, starts, lengths, bounds, used): the free gaps of each segment between extents listed
-    in increasing offset order per segment (as a bulk load and the engine's export leave them);
-    segment c's gaps are starts/lengths[bounds[c]:bounds[c + 1]], ``used[c]`` its held bytes.
-    ok=False when some extent is out of order, empty, overlapping or past capacity: the caller
-    then takes the general path, which sorts and names the offending extent."""
+def gaps_in_offset_order(seg, offsets, sizes, capacity, unit_bits):
+    """(ok, starts, lengths, bounds, used): the free gaps of each segment between the held
+    extents (held_end: whole allocation units) of replicas listed in increasing offset order per
+    segment (as a bulk load and the engine's export leave them); segment c's gaps are
+    starts/lengths[bounds[c]:bounds[c + 1]], ``used[c]`` its held bytes. ok=False when some
+    extent is out of order, empty, overlapping (in bytes or in a shared unit) or past capacity:
+    the caller then takes the general path, which sorts and names the offending extent."""
     n_seg = capacity.shape[0]
     ends = np.zeros(n_seg, np.int64)
     used = np.zeros(n_seg, np.int64)
@@ -215,8 +217,8 @@ def gaps_in_offset_order(seg, offsets, sizes, capacity):
             return False, ends, ends, bounds, used
         if o > ends[c]:
             bounds[c + 1] += 1
-        ends[c] = o + z
-        used[c] += z
+        ends[c] = held_end(o, z, unit_bits[c], capacity[c])
+        used[c] += ends[c] - o
     for c in range(n_seg):
         bounds[c + 1] += bounds[c] + (ends[c] < capacity[c])
     starts = np.empty(bounds[n_seg], np.int64)
@@ -229,7 +231,7 @@ def gaps_in_offset_order(seg, offsets, sizes, capacity):
             starts[fill[c]] = ends[c]
             lengths[fill[c]] = o - ends[c]
             fill[c] += 1
-        ends[c] = o + sizes[i]
+        ends[c] = held_end(o, sizes[i], unit_bits[c], capacity[c])
     for c in range(n_seg):
         if ends[c] < capacity[c]:
             starts[fill[c]] = ends[c]

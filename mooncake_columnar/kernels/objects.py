@@ -36,20 +36,20 @@ _ST_DONE = int(ST_COMPLETE)
 
 
 @njit(inline="always", cache=True)
-def _try_place(s, size, placed, tried, used, starts, lengths, counts, out_seg, out_off):
+def _try_place(s, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts, out_seg, out_off):
     """Try segment ``s`` once for this put; returns the new number of placed replicas."""
     tried[s] = True
-    off = ak.alloc_first_fit(starts, lengths, counts, s, size)
+    off = ak.alloc_first_fit(starts, lengths, counts, unit_bits, capacity, s, size)
     if off < 0:
         return placed
-    used[s] += size
+    used[s] += ak.held_end(off, size, unit_bits[s], capacity[s]) - off
     out_seg[placed] = s
     out_off[placed] = off
     return placed + 1
 
 
 @njit(cache=True)
-def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts, lengths, counts,
+def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, used, starts, lengths, counts,
                tried, out_seg, out_off):
     """Allocate up to replica_num replicas on distinct segments: preferred first, then most free."""
     nseg = allocatable.shape[0]
@@ -60,7 +60,8 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts
         if placed == replica_num:
             break
         if s >= 0 and not tried[s] and allocatable[s]:
-            placed = _try_place(s, size, placed, tried, used, starts, lengths, counts, out_seg, out_off)
+            placed = _try_place(s, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts,
+                                out_seg, out_off)
     while placed < replica_num:
         best = -1
         best_free = -1
@@ -72,14 +73,15 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, used, starts
                     best_free = free
         if best < 0:
             break
-        placed = _try_place(best, size, placed, tried, used, starts, lengths, counts, out_seg, out_off)
+        placed = _try_place(best, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts,
+                            out_seg, out_off)
     return placed
 
 
 @njit(cache=True)
 def insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
                     table, arena, arena_used, key_refs, row_tenant,
-                    allocatable, capacity, used, starts, lengths, counts,
+                    allocatable, capacity, unit_bits, used, starts, lengths, counts,
                     rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
                     codes, out_rows):
     """Create objects for batch keys ``picks``; keys already present get ALREADY_EXISTS.
@@ -108,7 +110,7 @@ def insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred,
         if existing >= 0:  # complete, in flight, or created by an earlier key of this batch
             codes[k] = ALREADY_EXISTS
             continue
-        placed = _place_one(sizes[k], replica_num, preferred, allocatable, capacity, used,
+        placed = _place_one(sizes[k], replica_num, preferred, allocatable, capacity, unit_bits, used,
                             starts, lengths, counts, tried, seg_buf, off_buf)
         if placed == 0:
             codes[k] = NO_HANDLE
@@ -403,7 +405,7 @@ def segment_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_
     return segs[:k], offs[:k], lens[:k]
 
 
-REBUILD_OK, REBUILD_UNSORTED, REBUILD_OVERLAP, REBUILD_OUT_OF_RANGE = 0, 1, 2, 3
+REBUILD_OK, REBUILD_UNSORTED, REBUILD_OVERLAP, REBUILD_OUT_OF_RANGE, REBUILD_SHARED_UNIT = 0, 1, 2, 3, 4
 
 
 @njit(inline="always", cache=True)
@@ -416,13 +418,15 @@ def _on_code(r, j, code, rep_status, rep_kind, rep_seg):
 
 
 @njit(cache=True, nogil=True)
-def free_extents_of_segment(bits, code, capacity, sizes, rep_status, rep_kind, rep_seg, rep_off):
+def free_extents_of_segment(bits, code, capacity, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off):
     """Streaming allocator rebuild for one segment: walk the replicas on ``code`` of the objects
-    in ``bits`` in row order and emit the gaps as free extents, without gathering the occupied
-    extents.
+    in ``bits`` in row order and emit the gaps between their held extents (ak.held_end) as free
+    extents, without gathering the occupied extents.
 
     Returns (status, starts, lengths, used). Rows are usually in offset order (bulk loads and
     restores allocate in row order); REBUILD_UNSORTED tells the caller to gather and sort.
+    REBUILD_SHARED_UNIT: two extents are disjoint but share an allocation unit (a byte-packed
+    layout from before units), which no allocator state can hold.
     """
     n = 0
     for w in range(bits.shape[0]):
@@ -436,7 +440,8 @@ def free_extents_of_segment(bits, code, capacity, sizes, rep_status, rep_kind, r
     starts = np.empty(n + 1, np.int64)
     lengths = np.empty(n + 1, np.int64)
     k = 0
-    cursor = 0          # end of the previous occupied extent
+    cursor = 0          # end of the previous held extent
+    last_end = 0        # end of the previous extent's bytes
     last_start = -1
     used = 0
     for w in range(bits.shape[0]):
@@ -460,15 +465,18 @@ def free_extents_of_segment(bits, code, capacity, sizes, rep_status, rep_kind, r
                     return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
                 if off + size > capacity:
                     return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
-                if off < cursor:
+                if off < last_end:
                     return REBUILD_OVERLAP, starts[:0], lengths[:0], 0
+                if off < cursor:
+                    return REBUILD_SHARED_UNIT, starts[:0], lengths[:0], 0
                 if off > cursor:
                     starts[k] = cursor
                     lengths[k] = off - cursor
                     k += 1
-                cursor = off + size
+                cursor = ak.held_end(off, size, unit_bits, capacity)
+                last_end = off + size
                 last_start = off
-                used += size
+                used += cursor - off
     if capacity > cursor:
         starts[k] = cursor
         lengths[k] = capacity - cursor

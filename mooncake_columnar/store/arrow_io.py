@@ -394,9 +394,10 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
 
 
 def _rebuild_allocators(m: "MasterService") -> None:
-    """Each segment's free space becomes the gaps between the loaded memory replicas' extents
-    (object size at the replica offset, as the engine frees them); an overlap or an extent past
-    capacity raises here. Reads the loaded engine columns: views when each object has one slot."""
+    """Each segment's free space becomes the gaps between the loaded memory replicas' held extents
+    (object size at the replica offset in whole allocation units, as the engine frees them); an
+    overlap, a shared allocation unit or an extent past capacity raises here. Reads the loaded
+    engine columns: views when each object has one slot."""
     o = m.objects
     n = o.high_water
     seg, kind, status = o.replica_segment[:n], o.replica_kind[:n], o.replica_status[:n]
@@ -407,8 +408,9 @@ def _rebuild_allocators(m: "MasterService") -> None:
         r, j = np.nonzero(held)
         seg, offsets, sizes = seg[r, j], o.replica_offset[r, j], o.size_bytes[r]
     n_codes = len(m.segments.info)
-    capacity = m.segments.capacity[:n_codes]
-    in_order, starts, lengths, gaps, used = index_load.gaps_in_offset_order(seg, offsets, sizes, capacity)
+    capacity, unit_bits = m.segments.capacity[:n_codes], m.segments.unit_bits[:n_codes]
+    in_order, starts, lengths, gaps, used = index_load.gaps_in_offset_order(seg, offsets, sizes, capacity,
+                                                                            unit_bits)
     if in_order:  # one streaming pass, no gathered extents
         for code in range(n_codes):
             m.segments.install_allocator(code, starts[gaps[code]:gaps[code + 1]],

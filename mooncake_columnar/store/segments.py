@@ -11,6 +11,7 @@ import numpy as np
 from numba.typed import List
 
 from ..kernels import allocation as ak
+from ..kernels.offset_allocator_v1 import multiplier_bits
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,9 @@ class SegmentTable:
         self.readable = np.zeros(capacity, np.bool_)      # endpoint valid: replicas can serve reads
         self.allocatable = np.zeros(capacity, np.bool_)   # mounted and accepting new allocations
         self.capacity = np.zeros(capacity, np.int64)
-        self.used = np.zeros(capacity, np.int64)
+        # allocation unit 1 << unit_bits: upstream's for this capacity, so replicas never share one
+        self.unit_bits = np.zeros(capacity, np.int64)
+        self.used = np.zeros(capacity, np.int64)      # bytes held (whole units, ak.held_end)
         self.extent_counts = np.zeros(capacity, np.int64)
         self.extent_starts = List([np.empty(8, np.int64) for _ in range(capacity)])
         self.extent_lengths = List([np.empty(8, np.int64) for _ in range(capacity)])
@@ -59,6 +62,7 @@ class SegmentTable:
         self.info[code] = seg
         self.by_name[seg.name] = code
         self.capacity[code] = seg.size
+        self.unit_bits[code] = multiplier_bits(np.int64(seg.size))
         self.used[code] = 0
         self.extent_starts[code][0] = 0
         self.extent_lengths[code][0] = seg.size
@@ -78,16 +82,20 @@ class SegmentTable:
         self.extent_counts[code] = 0
         self.used[code] = 0
         self.capacity[code] = 0
+        self.unit_bits[code] = 0
 
     def free(self, code: int, offset: int, size: int) -> None:
-        if not ak.free_extent(self.extent_starts, self.extent_lengths, self.extent_counts, code, offset, size):
+        """Free the extent held by a replica at ``offset`` of ``size`` bytes."""
+        if not ak.free_extent(self.extent_starts, self.extent_lengths, self.extent_counts, self.used,
+                              self.unit_bits, self.capacity, code, offset, size):
             raise RuntimeError(f"double free of [{offset}, {offset + size}) on segment {self.info[code]}")
-        self.used[code] -= size
 
     def rebuild_allocator(self, code: int, offsets: np.ndarray, sizes: np.ndarray) -> None:
-        """Replace the allocator of ``code`` by one whose free space is the gaps between extents."""
-        starts, lengths = ak.free_extents_from_occupied(int(self.capacity[code]), offsets, sizes)
-        self.install_allocator(code, starts, lengths, int(np.asarray(sizes, np.int64).sum()))
+        """Replace the allocator of ``code`` by one whose free space is the gaps between the held
+        extents of replicas (offset, object size); ValueError if they overlap or share a unit."""
+        starts, lengths, used = ak.free_extents_from_occupied(int(self.capacity[code]), offsets, sizes,
+                                                              int(self.unit_bits[code]))
+        self.install_allocator(code, starts, lengths, used)
 
     def install_allocator(self, code: int, starts: np.ndarray, lengths: np.ndarray, used: int) -> None:
         n = starts.size
@@ -101,7 +109,7 @@ class SegmentTable:
         if need <= cap:
             return
         new_cap = max(need, 2 * cap)
-        for name in ("readable", "allocatable", "capacity", "used", "extent_counts"):
+        for name in ("readable", "allocatable", "capacity", "unit_bits", "used", "extent_counts"):
             old = getattr(self, name)
             grown = np.zeros(new_cap, old.dtype)
             grown[:cap] = old
