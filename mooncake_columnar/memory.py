@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterable
 
 import numpy as np
 
 FAULT_THREADS = 4
 MIN_FAULT_BYTES = 64 << 20  # below this, thread start-up costs more than the faults
-# Warming goes by chunks of WARM_CHUNK_BYTES; one that faults in faster than WARM_CHUNK_SECONDS
-# (warm memory: ~10 ms; cold here: ~150 ms from each of four threads) ends its thread's warming.
-WARM_CHUNK_BYTES = 64 << 20
-WARM_CHUNK_SECONDS = 0.04
 
 
 def _split(arrays: Iterable[np.ndarray], parts: int) -> list[list[np.ndarray]]:
@@ -70,25 +65,12 @@ def free_memory_bytes() -> int:
         return 0
 
 
-def _touch_share(share: int) -> None:
-    """Touch ``share`` fresh bytes in chunks, all held until the end (a chunk freed at once would
-    hand its pages to the next one, warming the same pages again); stop early once a chunk
-    faults in at warm-memory speed: then this host keeps free memory backed."""
-    held = []
-    for start in range(0, share, WARM_CHUNK_BYTES):
-        t0 = time.perf_counter()
-        held.append(np.ones(min(WARM_CHUNK_BYTES, share - start), np.uint8))
-        if time.perf_counter() - t0 < WARM_CHUNK_SECONDS:
-            return
-
-
 def warm_free_memory(nbytes: int, threads: int = FAULT_THREADS) -> None:
     """Touch about ``nbytes`` of fresh memory from ``threads`` threads and free it again, so that
     allocations right after (the page cache of a file about to be written) find pages the host
-    has backed. Never more than half the free memory: it is transient extra memory. Costs one
-    chunk per thread where free memory is already backed."""
+    has backed. Never more than half the free memory: it is transient extra memory."""
     nbytes = min(int(nbytes), free_memory_bytes() // 2)
     if nbytes <= 0 or nbytes < MIN_FAULT_BYTES:
         return
     share = -(-nbytes // threads)
-    _run([[share]] * threads, _touch_share)
+    _run([[None]] * threads, lambda _: np.ones(share, np.uint8))

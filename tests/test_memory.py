@@ -56,7 +56,6 @@ def test_small_work_starts_no_thread(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_warm_free_memory_takes_at_most_half_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     touched: list[int] = []
     monkeypatch.setattr(memory, "MIN_FAULT_BYTES", 0)
-    monkeypatch.setattr(memory, "WARM_CHUNK_SECONDS", -1.0)  # every chunk counts as cold
     monkeypatch.setattr(memory, "free_memory_bytes", lambda: 8 << 20)
     monkeypatch.setattr(memory.np, "ones", lambda n, dtype: touched.append(n))
     memory.warm_free_memory(1 << 40, threads=4)
@@ -65,18 +64,3 @@ def test_warm_free_memory_takes_at_most_half_the_free_memory(monkeypatch: pytest
     monkeypatch.setattr(memory, "free_memory_bytes", lambda: 0)  # unknown: nothing touched
     memory.warm_free_memory(1 << 30)
     assert touched == []
-
-
-def test_warming_goes_by_chunks_and_stops_at_the_first_warm_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    touched: list[int] = []
-    monkeypatch.setattr(memory, "MIN_FAULT_BYTES", 0)
-    monkeypatch.setattr(memory, "WARM_CHUNK_BYTES", 1000)
-    monkeypatch.setattr(memory, "free_memory_bytes", lambda: 1 << 40)
-    monkeypatch.setattr(memory.np, "ones", lambda n, dtype: touched.append(n))
-    monkeypatch.setattr(memory, "WARM_CHUNK_SECONDS", -1.0)  # cold host: every chunk, to the byte
-    memory.warm_free_memory(10_500, threads=1)
-    assert touched == [1000] * 10 + [500]
-    touched.clear()
-    monkeypatch.setattr(memory, "WARM_CHUNK_SECONDS", 60.0)  # warm host: one chunk is enough
-    memory.warm_free_memory(10_500, threads=2)
-    assert touched == [1000, 1000]
