@@ -37,11 +37,16 @@ def _split(arrays: Iterable[np.ndarray], parts: int) -> list[list[np.ndarray]]:
     return out
 
 
-def _run(work: list[list[np.ndarray]], touch) -> None:
-    threads = [threading.Thread(target=lambda views=views: [touch(v) for v in views]) for views in work]
+def _start(work: list[list], touch) -> list[threading.Thread]:
+    threads = [threading.Thread(target=lambda views=views: [touch(v) for v in views], daemon=True)
+               for views in work]
     for t in threads:
         t.start()
-    for t in threads:
+    return threads
+
+
+def _run(work: list[list], touch) -> None:
+    for t in _start(work, touch):
         t.join()
 
 
@@ -65,12 +70,26 @@ def free_memory_bytes() -> int:
         return 0
 
 
+class FreeMemoryWarmer:
+    """:func:`warm_free_memory` in the background: started on construction, :meth:`wait` before
+    the allocations it is for. Work that allocates little (decoding memory-mapped files) can run
+    meanwhile."""
+
+    def __init__(self, nbytes: int, threads: int = FAULT_THREADS) -> None:
+        nbytes = min(int(nbytes), free_memory_bytes() // 2)  # transient extra memory
+        self._threads: list[threading.Thread] = []
+        if nbytes > 0 and nbytes >= MIN_FAULT_BYTES:
+            share = -(-nbytes // threads)
+            self._threads = _start([[None]] * threads, lambda _: np.ones(share, np.uint8))
+
+    def wait(self) -> None:
+        for t in self._threads:
+            t.join()
+        self._threads = []
+
+
 def warm_free_memory(nbytes: int, threads: int = FAULT_THREADS) -> None:
     """Touch about ``nbytes`` of fresh memory from ``threads`` threads and free it again, so that
     allocations right after (the page cache of a file about to be written) find pages the host
     has backed. Never more than half the free memory: it is transient extra memory."""
-    nbytes = min(int(nbytes), free_memory_bytes() // 2)
-    if nbytes <= 0 or nbytes < MIN_FAULT_BYTES:
-        return
-    share = -(-nbytes // threads)
-    _run([[None]] * threads, lambda _: np.ones(share, np.uint8))
+    FreeMemoryWarmer(nbytes, threads).wait()

@@ -25,7 +25,7 @@ import numpy as np
 from ..clock import NS_PER_MS, Clocks
 from ..config import MasterConfig
 from ..errors import InvalidParams
-from ..memory import prefault, warm_free_memory
+from ..memory import FreeMemoryWarmer, prefault, warm_free_memory
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .arrow_codec import state_payloads
 from .complete import RestoreStats, restore_latest_with
@@ -287,18 +287,26 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         raise InvalidParams("snapshot_restore_drop_expired must be a bool")
     clocks = clocks if clocks is not None else MonotonicClocks()
     t0 = time.perf_counter()
+    warmer = None
     if prefault and repo.is_local:
         candidates = repo.candidates()
         if candidates:  # the engine holds about the payload's bytes; decoding adds a third more
-            warm_free_memory(repo.stored_bytes(candidates[0]) * 4 // 3)
+            # in the background while the candidate is decoded (mapped files: little allocation)
+            warmer = FreeMemoryWarmer(repo.stored_bytes(candidates[0]) * 4 // 3)
 
     def build(state: SnapshotState) -> "MasterService":
+        if warmer is not None:
+            warmer.wait()  # before the engine's allocations
         # Inside the candidate's failure scope: an engine-side rejection falls back too.
         return MasterService.from_state(state, config=config, clocks=clocks, segments_readable=True,
                                         validated=True)
 
-    master, manifest, stats = restore_latest_with(repo, clocks, build, snapshot_restore_drop_expired,
-                                                  build_checks_unique_keys=True)
+    try:
+        master, manifest, stats = restore_latest_with(repo, clocks, build, snapshot_restore_drop_expired,
+                                                      build_checks_unique_keys=True)
+    finally:
+        if warmer is not None:
+            warmer.wait()
     metrics = master.metrics
     metrics.inc("restore_v2_total" if manifest.is_v2 else "restore_v1_total")
     metrics.inc("clock_conversion_failures_total", stats.conversion_failures)
