@@ -3,7 +3,6 @@ the real upstream fixtures, and a model of upstream's allocate/free run on what 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -45,13 +44,11 @@ from mooncake_columnar.snapshots.mooncake_v1_allocator import (
 )
 from mooncake_columnar.snapshots.repository import SnapshotRepository
 
-try:
-    from test_snapshot_codec import make_state
+try:  # the upstream fixtures and state builder of the v1 codec tests
+    from test_snapshot_v1 import CASES, FIXTURES, make_state
 except ImportError:  # tests collected as a package
-    from tests.test_snapshot_codec import make_state
+    from tests.test_snapshot_v1 import CASES, FIXTURES, make_state
 
-FIXTURES = Path("/work/shared/fixtures/mooncake_v1")
-CASES = ["small_6", "many_1000"]
 GiB = 1 << 30
 
 
