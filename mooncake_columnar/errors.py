@@ -74,6 +74,15 @@ class InternalError(MooncakeError):
     code = ErrorCode.INTERNAL_ERROR
 
 
+class EngineInvariantError(InternalError):
+    """The engine's state breaks a structural invariant (``MasterService.verify()``, or an erase
+    refused because a row is not the live object the caller expected); ``check`` names it."""
+
+    def __init__(self, check: str, message: str):
+        self.check = check
+        super().__init__(f"{check}: {message}")
+
+
 class InvalidParams(MooncakeError, ValueError):
     code = ErrorCode.INVALID_PARAMS
 
@@ -158,7 +167,7 @@ class InvalidConfig(InvalidParams):
 
 _BY_CODE: dict[int, type[MooncakeError]] = {}
 for _cls in list(globals().values()):
-    if isinstance(_cls, type) and issubclass(_cls, MooncakeError) and _cls not in (MooncakeError, InvalidConfig):
+    if isinstance(_cls, type) and issubclass(_cls, MooncakeError) and _cls not in (MooncakeError, InvalidConfig, EngineInvariantError):
         _BY_CODE.setdefault(int(_cls.code), _cls)
 
 

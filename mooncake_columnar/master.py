@@ -20,6 +20,7 @@ from .kernels import allocation as ak
 from .kernels import objects as ok
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .ha.journal import Journal, finalize_removed
+from .integrity import verify_engine
 from .metrics import Metrics
 from .offload import OffloadQueue
 from .quota import TenantLedger
@@ -139,6 +140,12 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self._stop_background.set()
         self._background.join()
         self._background = None
+
+    def verify(self) -> None:
+        """Self-check: raise EngineInvariantError naming the first broken structural invariant
+        (extents, allocators, key index, free rows, in-flight slots, groups, ledger, ids)."""
+        with self._lock:
+            verify_engine(self)
 
     # ================================================================================ eviction
     @_locked
