@@ -13,11 +13,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import eviction as ev
+from .background import BackgroundRunner, MasterHealth
 from .clock import NS_PER_MS, Clocks, MonotonicClocks
 from .config import MAX_TTL_MS, MasterConfig
-from .errors import ErrorCode, InvalidParams, error_for_code
+from .errors import EngineInvariantError, ErrorCode, InvalidParams, error_for_code
 from .kernels import allocation as ak
 from .kernels import objects as ok
+from .kernels.erase_guard import first_not_erasable
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .ha.journal import Journal, finalize_removed
 from .integrity import verify_engine
@@ -87,8 +89,8 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self.ledger = TenantLedger()  # maintained only in multi-tenant mode (quota admission)
         self.offloads = OffloadQueue(config.offloading_queue_limit)
         self.eviction_armed = False
-        self._background: threading.Thread | None = None
-        self._stop_background = threading.Event()
+        # late-bound, so a tick wrapped or replaced on the instance is what the thread runs
+        self._background = BackgroundRunner(lambda: self.tick(), self.metrics, "mooncake-master-background")
         self._ok_clients: set[str] = set()
         self._client_deadline_ns: dict[str, int] = {}
         # Replicas of abandoned puts: space stays allocated until release_at (system ms), as upstream.
@@ -122,24 +124,20 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         return report
 
     def start(self, interval_s: float = 0.01) -> None:
-        """Run tick() on a background thread every ``interval_s`` (upstream: 10 ms)."""
-        if self._background is not None:
-            return
-        self._stop_background.clear()
-
-        def loop() -> None:
-            while not self._stop_background.wait(interval_s):
-                self.tick()
-
-        self._background = threading.Thread(target=loop, name="mooncake-master-background", daemon=True)
-        self._background.start()
+        """Run tick() on a background thread every ``interval_s`` (upstream: 10 ms). A failing
+        tick is logged, counted and reported by ``health()``; the next ticks still run."""
+        self._background.start(interval_s)
 
     def stop(self) -> None:
-        if self._background is None:
-            return
-        self._stop_background.set()
-        self._background.join()
-        self._background = None
+        self._background.stop()
+
+    def health(self) -> MasterHealth:
+        """Background thread and journal state: ``healthy`` is False while the last tick failed,
+        the thread died, or the oplog writer is terminal."""
+        journal_error = None
+        if self.journal is not None and self.journal.writer.terminal_error is not None:
+            journal_error = repr(self.journal.writer.terminal_error)
+        return MasterHealth(self._background.health(), journal_error)
 
     def verify(self) -> None:
         """Self-check: raise EngineInvariantError naming the first broken structural invariant
@@ -302,7 +300,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         new = free_rows[:used]
         o.size_bytes[new] = sizes[picks[codes[picks] == 0]]
         o.client[new] = self.clients.code(client)
-        slots = self.inflight.take(new.size)
+        slots = self.inflight.take(new)
         o.inflight[new] = slots
         self.inflight.put_start_time_ms[slots] = now_ms
         self.inflight.pending_soft_pin_ttl_ns[slots] = pending_ttl_ns
@@ -533,12 +531,17 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         return int(doomed.size)
 
     def _erase_rows(self, rows: np.ndarray, *, charged: bool = True, slots_cleared: bool = False) -> None:
-        """Drop objects: free their memory extents, unlink groups and keys, cancel offloads,
-        recycle rows. ``charged=False``: the caller already took them off the tenant ledger;
+        """The one erase primitive: every path that drops objects comes here. Refuses (typed,
+        nothing changed) a row that is not live or is named twice; then frees the memory
+        extents, unlinks groups and keys, cancels offloads, frees in-flight slots and recycles
+        the rows. ``charged=False``: the caller already took them off the tenant ledger;
         ``slots_cleared``: the rows hold no replica any more (nothing to free)."""
         rows = np.asarray(rows, np.int64)
         if rows.size == 0:
             return
+        bad = int(first_not_erasable(rows, self.objects.flags))
+        if bad >= 0:  # refuse before anything changes: a stale or repeated row handle
+            raise EngineInvariantError("erase_not_live", f"row {int(rows[bad])} is not a distinct live object")
         if charged:
             self._charge(rows, -1)
         if len(self.offloads):

@@ -20,6 +20,7 @@ FLAG_GROUPED = np.uint8(8)            # member of a group (group column valid)
 FLAG_PROCESSING = np.uint8(16)        # in upstream's processing_keys: some replica still PROCESSING
 FLAG_PENDING_SOFT_PIN = np.uint8(32)  # ENABLE action awaiting the first readable put_end
 FLAG_GROUP_REFRESH = np.uint8(64)     # group awaits a lease refresh (new member registered)
+FLAG_ERASE_MARK = np.uint8(128)       # scratch bit of the erase guard (kernels/erase_guard.py); clear at rest
 
 # ---- replicas ------------------------------------------------------------------------------------
 

@@ -20,9 +20,8 @@ class DiscardMixin:
         late = slots[self.inflight.put_start_time_ms[slots] + self.config.put_start_release_timeout_s * 1000
                      < now_ms]
         if late.size:
-            rows = np.flatnonzero(np.isin(o.inflight[: o.high_water], late)).astype(np.int64)
+            rows = self.inflight.owned_rows(late, o.inflight)
             self._discard_puts(rows[(o.replica_status[rows] != _COMPLETE).all(axis=1)], now_ms)
-
 
     def _discard_puts(self, rows: np.ndarray, now_ms: int) -> None:
         """Abandoned puts: PROCESSING replicas keep their space until put_start + release timeout."""
@@ -41,7 +40,6 @@ class DiscardMixin:
         o.replica_status[held, slot] = int(ReplicaStatus.UNDEFINED)  # not freed by the erase below
         self._erase_rows(rows, charged=False)
 
-
     def _release_discarded(self, now_ms: int) -> int:
         """Free discarded replicas whose release time came; returns how many were released."""
         due = self._discarded_release_ms <= now_ms
@@ -53,7 +51,6 @@ class DiscardMixin:
                             seg.unit_bits, seg.capacity)
         self._drop_discarded(~due)
         return int(due.sum())
-
 
     def _drop_discarded(self, keep: np.ndarray) -> None:
         self._discarded_seg = self._discarded_seg[keep]

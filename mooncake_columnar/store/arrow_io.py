@@ -182,7 +182,7 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     n = fl.shape[0]
     grouped = (fl & FLAG_GROUPED) != 0
     put_start = np.zeros(n, np.int64)
-    inflight = f.inflight_rows[is_live[f.inflight_rows]]  # a freed row may keep a stale slot
+    inflight = f.inflight_rows[is_live[f.inflight_rows]]
     put_start[inflight if live is None else np.searchsorted(live, inflight)] = \
         f.inflight_start_ms[is_live[f.inflight_rows]]
     status = rows(c["replica_status"])
@@ -312,7 +312,7 @@ def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) ->
         o.flags[sel] = flags
     processing = np.flatnonzero(flags & FLAG_PROCESSING)
     if processing.size:
-        slots = m.inflight.take(processing.size)
+        slots = m.inflight.take(rows[processing])
         o.inflight[rows[processing]] = slots
         m.inflight.put_start_time_ms[slots] = objects.column("put_start_time_ms").to_numpy()[processing]
     _load_keys(m, rows, objects.column("key"))

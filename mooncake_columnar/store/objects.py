@@ -98,6 +98,7 @@ class ObjectTable:
         if rows.size == 0:
             return
         self.flags[rows] = 0
+        self.inflight[rows] = EMPTY_CODE  # a free row holds no in-flight slot (the caller freed it)
         need = self.free_count + rows.size
         if need > self.free_rows.size:
             grown = np.empty(max(need, 2 * self.free_rows.size, 64), np.int64)

@@ -1,0 +1,39 @@
+"""The guard of the one erase primitive: the rows about to be erased are distinct live objects.
+
+A row index is only a handle: rows are recycled, so a handle kept across a free (an in-flight
+slot, a queued durable-callback) can name a row that is free or already someone else. Erasing
+such a row twice puts it on the free stack twice and loses whatever object takes it next.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..schema import FLAG_ERASE_MARK
+from .predicates import is_live
+
+_MARK = np.uint8(FLAG_ERASE_MARK)
+
+
+@njit(cache=True, nogil=True)
+def first_not_erasable(rows, flags):
+    """Index of the first entry of ``rows`` that is out of range, not live, or repeated; -1 when
+    all are distinct live rows. Two passes with a scratch flag bit, so no sort and no temporary."""
+    bad = -1
+    n = rows.shape[0]
+    marked = n
+    for i in range(n):
+        r = rows[i]
+        if r < 0 or r >= flags.shape[0]:
+            bad = i
+        elif not is_live(flags[r]):
+            bad = i
+        elif flags[r] & _MARK:
+            bad = i
+        if bad >= 0:
+            marked = i
+            break
+        flags[r] |= _MARK
+    for i in range(marked):
+        flags[rows[i]] &= ~_MARK
+    return bad
