@@ -194,7 +194,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         """Validate a ReplicateConfig; returns (tenant code, flags, pending soft-pin ttl ns)."""
         if not isinstance(config, ReplicateConfig):
             raise InvalidParams("config must be a ReplicateConfig")
-        _require_int("replica_num", config.replica_num, 1, 64)
+        _require_int("replica_num", config.replica_num, 1, self.config.max_replica_num)
         hard = _require_bool("hard_pin", config.hard_pin)
         _require_str("group_id", config.group_id, allow_empty=True)
         tenant = _validate_tenant(config.tenant_id)
@@ -283,13 +283,13 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             picks = self._admit_quota(tenant, config, sizes, picks, codes)
         if picks.size == 0:
             return codes, rows_out
-        o.ensure_slots(config.replica_num)
+        width = self._replica_width(config.replica_num, offsets, data, picks, tenant)
         preferred = np.array([self.segments.code(s) for s in config.preferred_segments], np.int64)
         free_rows = o.take_rows(picks.size)
         self.keys.reserve(picks.size, int((offsets[picks + 1] - offsets[picks]).sum()))
         seg = self.segments
         used, arena_used, self.next_replica_id = ok.insert_new_puts(
-            picks, offsets, data, tenant, sizes, config.replica_num, preferred, free_rows,
+            picks, offsets, data, tenant, sizes, width, preferred, free_rows,
             self.keys.table, self.keys.arena, self.keys.arena_used, o.key_ref, o.tenant,
             seg.allocatable, seg.capacity, seg.unit_bits, seg.used,
             seg.extent_starts, seg.extent_lengths, seg.extent_counts,
@@ -316,6 +316,19 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             if int(self.segments.allocatable.sum()) >= config.replica_num:
                 self.eviction_armed = True
         return codes, rows_out
+
+    def _replica_width(self, replica_num: int, offsets: np.ndarray, data: np.ndarray, picks: np.ndarray,
+                       tenant: int) -> int:
+        """Replicas a put may place: at most one per allocatable segment (as upstream). The
+        (rows x slots) replica columns widen only when a new key may really need more slots
+        than they have; a call whose keys all exist already widens nothing."""
+        o = self.objects
+        width = min(replica_num, int(self.segments.allocatable.sum()))
+        if width > o.slots:
+            n = offsets.size - 1
+            if (self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))[picks] < 0).any():
+                o.ensure_slots(width)
+        return max(1, min(width, o.slots))
 
     @property
     def _ledger_on(self) -> bool:

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import make_master
-from mooncake_columnar import ManualClocks, ReplicateConfig
-from mooncake_columnar.errors import EngineInvariantError, ObjectNotFound
+from mooncake_columnar import MasterConfig, ReplicateConfig
+from mooncake_columnar.errors import (EngineInvariantError, ErrorCode, InvalidConfig, InvalidParams,
+                                      ObjectAlreadyExists, ObjectNotFound)
 
 
 def _free_stack(m):
@@ -126,3 +127,47 @@ def test_the_background_thread_survives_a_failing_tick(clocks):
     finally:
         m.stop()
     assert not m.health().background.running and not m.health().background.died
+
+
+def test_replica_num_above_the_configured_maximum_is_refused_before_anything_is_allocated(clocks):
+    m = make_master(clocks, segments=2)
+    before = (m.objects.slots, m.metadata_bytes(), m.segment_usage())
+    for bad in (0, 5, 64, 65, -1):
+        with pytest.raises(InvalidParams, match="replica_num"):
+            m.put_start("k", 10, client_id="client0", config=ReplicateConfig(replica_num=bad))
+    assert (m.objects.slots, m.metadata_bytes(), m.segment_usage()) == before
+    with pytest.raises(InvalidConfig, match="max_replica_num"):
+        MasterConfig(max_replica_num=65)
+
+
+def test_a_failed_wide_put_widens_no_column(clocks):
+    m = make_master(clocks, segments=4)
+    m.put_start("k", 10, client_id="client0")
+    m.put_end("k", client_id="client0")
+    with pytest.raises(ObjectAlreadyExists):
+        m.put_start("k", 10, client_id="client0", config=ReplicateConfig(replica_num=4))
+    assert m.objects.slots == 1
+    assert (m.batch_put_start(["k"], [10], client_id="client0",
+                              config=ReplicateConfig(replica_num=4)).codes == ErrorCode.OBJECT_ALREADY_EXISTS).all()
+    assert m.objects.slots == 1
+
+
+def test_a_wide_put_widens_only_to_the_segments_that_can_hold_a_replica(clocks):
+    m = make_master(clocks, segments=2, max_replica_num=16)
+    m.put_start("k", 10, client_id="client0", config=ReplicateConfig(replica_num=16))
+    assert m.objects.slots == 2 and len(m.object_info("k").replicas) == 2
+
+
+def test_one_object_at_the_default_maximum_less_than_doubles_per_object_memory(clocks):
+    m = make_master(clocks, segments=4, seg_size=1 << 26)
+    n = 10_000
+    keys = [f"k{i}" for i in range(n)]
+    m.batch_put_start(keys, np.full(n, 64), client_id="client0")
+    m.batch_put_end(keys, client_id="client0")
+    mem = m.metadata_bytes()
+    narrow = mem["columns"] + mem["index"] + mem["inflight"]
+    m.put_start("wide", 64, client_id="client0", config=ReplicateConfig(replica_num=4))
+    mem = m.metadata_bytes()
+    assert (mem["columns"] + mem["index"] + mem["inflight"]) < 2 * narrow
+    assert len(m.object_info("wide").replicas) == 4
+    m.verify()
