@@ -2,7 +2,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test soak bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
+
+soak: $(VENV)/.installed  # the default run soaks for 20 s; this one for 10 minutes
+	MOONCAKE_SOAK_SECONDS=600 $(BIN)/python -m pytest tests/test_engine_soak.py
 
 bench: $(VENV)/.installed
 	$(BIN)/asv machine --yes

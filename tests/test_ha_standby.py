@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -591,8 +592,9 @@ def test_background_follower_applies_new_batches_until_stopped(tmp_path):
         primary.put_start("k", 64, client_id="c0")
         primary.put_end("k", client_id="c0")
         writer.flush()
+        deadline = time.monotonic() + 30  # bounds the wait for real progress (not a TTL)
         while standby.applied_sequence_id < store.durable_prefix():
-            pass  # wait on real progress, not on a timer
+            assert time.monotonic() < deadline, "the follower thread made no progress"
     finally:
         standby.stop()
     assert standby.master.to_arrow().column("key").to_pylist() == ["k"]
