@@ -25,9 +25,11 @@ from mooncake_columnar.testing.etcd_server import EtcdServer
 class Kit:
     """A backing store plus ways to open more handles on it and to damage it behind its back."""
 
-    def __init__(self, open_handle: Callable[[], OpLogStore], corrupt: Callable[[int, bytes], None]):
+    def __init__(self, open_handle: Callable[[], OpLogStore], corrupt: Callable[[int, bytes], None],
+                 drop_prefix: Callable[[], None]):
         self.open = open_handle
         self.corrupt = corrupt
+        self.drop_prefix = drop_prefix
 
 
 _clusters = itertools.count()
@@ -39,7 +41,8 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Kit:
         def corrupt_file(first: int, data: bytes) -> None:
             (tmp_path / "batches" / f"{first:020d}.msgpack").write_bytes(data)
 
-        return Kit(lambda: FileOpLogStore(tmp_path), corrupt_file)
+        return Kit(lambda: FileOpLogStore(tmp_path), corrupt_file,
+                   lambda: (tmp_path / "durable_prefix").unlink())
     server: EtcdServer = request.getfixturevalue("etcd")
     cluster = f"c{os.getpid()}-{next(_clusters)}"  # a fresh namespace per test on the shared server
 
@@ -48,7 +51,11 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Kit:
         store._post("/v3/kv/put", {"key": base64.b64encode(store._batch_key(first).encode()).decode(),
                                    "value": base64.b64encode(data).decode()})
 
-    return Kit(lambda: EtcdOpLogStore(server.endpoint, cluster), corrupt_etcd)
+    def drop_etcd_prefix() -> None:
+        store = EtcdOpLogStore(server.endpoint, cluster)
+        store._post("/v3/kv/deleterange", {"key": base64.b64encode(store.prefix_key.encode()).decode()})
+
+    return Kit(lambda: EtcdOpLogStore(server.endpoint, cluster), corrupt_etcd, drop_etcd_prefix)
 
 
 def batch(first: int, n: int, tag: str = "k") -> OpLogBatch:
@@ -177,6 +184,22 @@ def test_corrupt_stored_batch_detected(kit: Kit, damage: str) -> None:
     with pytest.raises(OpLogCorrupt):
         s.read_batches(0)
     assert spans(s.read_batches(0, limit=1)) == [(1, 3)]  # the damage is confined to its batch
+
+
+def test_batches_without_a_durable_prefix_are_corruption_not_an_empty_log(kit: Kit) -> None:
+    from mooncake_columnar import ManualClocks
+    from mooncake_columnar.ha.standby import StandbyService
+    from mooncake_columnar.ha.writer import OpLogWriter
+    kit.open().append_batch(batch(1, 3))
+    kit.drop_prefix()
+    with pytest.raises(OpLogCorrupt, match="durable_prefix"):
+        kit.open().durable_prefix()
+    with pytest.raises(OpLogCorrupt, match="durable_prefix"):
+        kit.open().read_batches(0)
+    with pytest.raises(OpLogCorrupt):  # a new writer must not restart the ids over stored batches
+        OpLogWriter(kit.open(), window=8, clocks=ManualClocks())
+    with pytest.raises(OpLogCorrupt):  # nor may a standby follow (and promote) an empty log
+        StandbyService(kit.open(), clocks=ManualClocks()).poll()
 
 
 def test_file_store_reopen_recovers_prefix(tmp_path: Path) -> None:

@@ -166,7 +166,7 @@ class FileOpLogStore:
         self._batches.mkdir(parents=True, exist_ok=True)
         self._view = 0
         with self._locked():
-            self._read_counter("durable_prefix")  # fail at open, not at first use, on a damaged prefix
+            self._prefix()  # fail at open, not at first use, on a damaged or missing prefix
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -183,6 +183,16 @@ class FileOpLogStore:
         except FileNotFoundError:
             return 0
         return _parse_counter(raw, name)
+
+    def _prefix(self) -> int:
+        """The durable prefix; a log with batches but no prefix file is corrupt, not empty
+        (reading it as empty would promote an empty master, or restart the ids at 1)."""
+        if not (self.root / "durable_prefix").exists():
+            stored = sum(1 for p in self._batches.iterdir() if self._NAME.match(p.name))
+            if stored:
+                raise OpLogCorrupt("durable_prefix", f"missing while {stored} batches are stored in {self._batches}")
+            return 0
+        return self._read_counter("durable_prefix")
 
     @staticmethod
     def _fsync_dir(path: Path) -> None:
@@ -217,7 +227,7 @@ class FileOpLogStore:
             stored_view = self._read_counter("producer_view")
             if stored_view != self._view:
                 raise _fencing_refusal(stored_view, self._view)
-            prefix = self._read_counter("durable_prefix")
+            prefix = self._prefix()
             if batch.first_sequence_id != prefix + 1:
                 raise _append_refusal(batch, prefix)
             try:
@@ -228,11 +238,11 @@ class FileOpLogStore:
 
     def durable_prefix(self) -> int:
         with self._locked():
-            return self._read_counter("durable_prefix")
+            return self._prefix()
 
     def read_batches(self, after_seq: int, limit: int | None = None) -> list[OpLogBatch]:
         with self._locked():  # a consistent cut: no append or compaction runs meanwhile
-            prefix = self._read_counter("durable_prefix")
+            prefix = self._prefix()
             firsts = self._firsts(prefix)
             names = _plan_read(firsts, prefix, after_seq, limit)
             batches = []
@@ -261,7 +271,7 @@ class FileOpLogStore:
 
     def compact_through(self, seq: int) -> int:
         with self._locked():
-            prefix = self._read_counter("durable_prefix")
+            prefix = self._prefix()
             doomed = _covered(self._firsts(prefix), prefix, seq)
             for first in doomed:
                 self._batch_path(first).unlink()
@@ -397,12 +407,22 @@ class EtcdOpLogStore:
         except OpLogStoreUnavailable:
             return False
 
+    def _prefix(self) -> tuple[int, int]:
+        """(durable prefix, revision); batches without a prefix key are corrupt, not empty."""
+        raw, rev = self._get(self.prefix_key)
+        if raw is not None:
+            return _parse_counter(raw, self.prefix_key), rev
+        end = self.batches_prefix[:-1] + chr(ord(self.batches_prefix[-1]) + 1)
+        if self._firsts(self.batches_prefix, end, rev, limit=1):
+            raise OpLogCorrupt("durable_prefix", f"{self.prefix_key} is missing while batches are stored")
+        return 0, rev
+
     def durable_prefix(self) -> int:
-        return self._counter(self.prefix_key)[0]
+        return self._prefix()[0]
 
     def read_batches(self, after_seq: int, limit: int | None = None) -> list[OpLogBatch]:
         _check_seq_arg("after_seq", after_seq)
-        prefix, rev = self._counter(self.prefix_key)
+        prefix, rev = self._prefix()
         if after_seq >= prefix:
             return _plan_read([], prefix, after_seq, limit)  # [] or the regression error
         # Only the newest batch starting at or before after_seq + 1 is needed from the older part.
