@@ -66,12 +66,31 @@ def test_warmup_waits_one_lease_ttl_on_the_injected_steady_clock(etcd: EtcdServe
     assert not a.ready()
     assert a.campaign()
     assert not a.ready()
-    clocks.advance(5 * NS_PER_S - 1)
+    clocks.advance(3 * NS_PER_S)
+    assert a.keepalive()  # the keepalive thread renews during the warmup (every TTL / 3)
+    clocks.advance(2 * NS_PER_S - 1)
     assert not a.ready()
     clocks.advance(1)
     assert a.ready()
     a.resign()
     assert not a.ready()
+
+
+def test_a_stalled_leader_expires_locally_one_safety_margin_before_the_etcd_lease(
+        etcd: EtcdServer, cluster: str) -> None:
+    clocks, lost = ManualClocks(), Lost()
+    a = candidate(etcd, cluster, "a:1", clocks, lost, ttl=5)  # default margin: TTL / 5 = 1 s
+    assert a.campaign()
+    clocks.advance(3 * NS_PER_S)
+    assert a.keepalive() and a.is_leader
+    clocks.advance(4 * NS_PER_S - 1)  # 1 ns before renewal + TTL - margin: still leading
+    assert a.is_leader and a.ready()
+    clocks.advance(1)  # no renewal since: it stops leading before etcd could hand the key over
+    assert not a.is_leader and not a.ready()
+    assert len(lost.reasons) == 1 and "local expiry" in lost.reasons[0]
+    assert not a.is_leader and a.keepalive() is False and len(lost.reasons) == 1  # called once
+    with pytest.raises(InvalidParams):
+        LeaderElection(etcd.endpoint, cluster, "b:1", lease_ttl_s=1, clocks=clocks, safety_margin_ms=1000)
 
 
 def test_key_taken_by_another_holder_calls_on_lost(etcd: EtcdServer, cluster: str) -> None:

@@ -7,7 +7,11 @@ view version: it grows with every new leader, which makes it the producer view t
 claims in the oplog store (fencing the deposed one). After winning, serving waits one lease TTL
 (``ready()``), so a previous leader whose lease was still running has lost it before we serve.
 A failed keepalive, an expired lease, or the key gone or held by someone else means leadership is
-lost: ``on_lost`` is called once, and the embedding stops serving.
+lost: ``on_lost`` is called once, and the embedding stops serving. A leader that cannot renew
+(stalled, partitioned) also gives up on its own: each grant or successful keepalive is good until
+the steady time it was sent plus the lease TTL minus ``safety_margin_ms``; past that,
+``is_leader`` and ``ready()`` are False (and ``on_lost`` runs) without waiting for etcd, so two
+leaders never both believe they lead.
 
 Time is read only from the injected clocks (warmup), so tests drive it with ManualClocks; the
 optional keepalive thread is the only real-time wait.
@@ -33,9 +37,14 @@ class LeaderElection:
     """One candidate's view of the ``master_view`` election of ``cluster_id``."""
 
     def __init__(self, endpoint: str, cluster_id: str, candidate_id: str, *, lease_ttl_s: int = 5,
-                 clocks: Clocks, on_lost: LostCallback | None = None, timeout_s: float = 5.0) -> None:
+                 clocks: Clocks, on_lost: LostCallback | None = None, timeout_s: float = 5.0,
+                 safety_margin_ms: int | None = None) -> None:
         if type(lease_ttl_s) is not int or lease_ttl_s < 1:
             raise InvalidParams(f"lease_ttl_s must be a positive int, got {lease_ttl_s!r}")
+        if safety_margin_ms is None:
+            safety_margin_ms = lease_ttl_s * 1000 // 5
+        if type(safety_margin_ms) is not int or not 0 <= safety_margin_ms < lease_ttl_s * 1000:
+            raise InvalidParams(f"safety_margin_ms must be an int in [0, lease TTL), got {safety_margin_ms!r}")
         if not isinstance(candidate_id, str) or not candidate_id:
             raise InvalidParams("candidate_id must be a non-empty string")
         # The oplog store's etcd handle is the gateway transport (endpoint normalization, cluster
@@ -44,12 +53,14 @@ class LeaderElection:
         self.key = f"mooncake-store/{cluster_id.rstrip('/')}/master_view"
         self.candidate_id = candidate_id
         self.lease_ttl_s = lease_ttl_s
+        self.safety_margin_ns = safety_margin_ms * (NS_PER_S // 1000)
         self.clocks = clocks
         self.on_lost = on_lost
         self._lock = threading.Lock()
         self._lease_id: str | None = None
         self._granted_ttl_s = 0
         self._won_at_ns = 0
+        self._valid_until_ns = 0  # steady time past which our lease may be gone in etcd
         self.view_version = 0  # create revision of our master_view key while we lead
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,7 +70,20 @@ class LeaderElection:
 
     @property
     def is_leader(self) -> bool:
-        return self._lease_id is not None
+        return self._lease_id is not None and not self._expired_locally()
+
+    def _good_until(self, sent_at_ns: int, ttl_s: int) -> int:
+        return sent_at_ns + ttl_s * NS_PER_S - self.safety_margin_ns
+
+    def _expired_locally(self) -> bool:
+        """True (and leadership dropped, ``on_lost`` called once) when no grant or keepalive
+        renewed the lease within TTL - safety margin of the steady clock."""
+        with self._lock:
+            if self._lease_id is None or self.clocks.steady_ns() < self._valid_until_ns:
+                return self._lease_id is None
+            self._lease_id = None  # no revoke: etcd may be unreachable; the lease expires there anyway
+        self._lost("no lease renewal within the lease TTL minus the safety margin (local expiry)")
+        return True
 
     # ---- election ----------------------------------------------------------------------------------
     def campaign(self) -> bool:
@@ -67,6 +91,7 @@ class LeaderElection:
         with self._lock:
             if self._lease_id is not None:
                 return True
+            sent_at = self.clocks.steady_ns()
             grant = self._post("/v3/lease/grant", {"TTL": self.lease_ttl_s})
             lease_id = grant["ID"]
             key = _b64(self.key)
@@ -82,6 +107,7 @@ class LeaderElection:
             self._granted_ttl_s = max(self.lease_ttl_s, int(grant.get("TTL", 0)))
             self.view_version = int(resp["header"]["revision"])  # == the key's create revision
             self._won_at_ns = self.clocks.steady_ns()
+            self._valid_until_ns = self._good_until(sent_at, self._granted_ttl_s)
         log.info("%s won master_view of %s with view %d", self.candidate_id, self.key, self.view_version)
         return True
 
@@ -94,16 +120,18 @@ class LeaderElection:
 
     def ready(self) -> bool:
         """Leader for at least one lease TTL (warmup): only then may the service start."""
-        return (self._lease_id is not None
-                and self.clocks.steady_ns() - self._won_at_ns >= self._granted_ttl_s * NS_PER_S)
+        return self.is_leader and self.clocks.steady_ns() - self._won_at_ns >= self._granted_ttl_s * NS_PER_S
 
     # ---- keeping it --------------------------------------------------------------------------------
     def keepalive(self) -> bool:
         """Renew the lease and check we still hold the key; on loss call ``on_lost`` and return False."""
+        if not self.is_leader:
+            return False
         with self._lock:
             lease_id = self._lease_id
             if lease_id is None:
                 return False
+            sent_at = self.clocks.steady_ns()
             try:
                 result = self._post("/v3/lease/keepalive", {"ID": lease_id}).get("result", {})
                 if int(result.get("TTL", 0)) <= 0:  # etcd omits TTL for an expired or revoked lease
@@ -116,6 +144,7 @@ class LeaderElection:
                           or int(holder[0]["create_revision"]) != self.view_version):
                         reason = "master_view key is held by another leader"
                     else:
+                        self._valid_until_ns = self._good_until(sent_at, int(result["TTL"]))
                         return True
             except OpLogStoreUnavailable as exc:
                 reason = f"keepalive failed: {exc}"
