@@ -420,7 +420,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
     @_locked
     def get_replica_list(self, key: str, tenant_id: str = DEFAULT_TENANT) -> list[ReplicaDescriptor]:
         """Readable replicas of the object; grants the read lease (group rule)."""
-        k = key if type(key) is str and key else _require_str("key", key)
+        k = key if type(key) is str and key and key.isascii() else _require_str("key", key)
         tenant = self.tenants.find(tenant_id if type(tenant_id) is str else _require_str("tenant_id", tenant_id))
         o = self.objects
         code, row = ok.find_and_classify_read(
@@ -572,7 +572,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
     def _key_array(self, keys) -> pa.Array:
         try:
             arr = as_string_array(keys)
-        except (TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        except (TypeError, UnicodeEncodeError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise InvalidParams(f"keys must be a list of str or a string array: {e}") from None
         if arr.null_count:
             raise InvalidParams("keys must not contain nulls")

@@ -30,7 +30,18 @@ def _require_str(name: str, value: object, *, allow_empty: bool = False) -> str:
         raise InvalidParams(f"{name} must be a str, got {type(value).__name__}")
     if not allow_empty and value == "":
         raise InvalidParams(f"{name} must not be empty")
+    if not value.isascii():
+        _utf8(name, value)
     return value
+
+
+def _utf8(name: str, value: str) -> bytes:
+    """UTF-8 bytes of ``value``; a lone surrogate (which no oplog entry, snapshot or Arrow
+    column can carry) is InvalidParams here, before anything is reserved or mutated."""
+    try:
+        return value.encode()
+    except UnicodeEncodeError:
+        raise InvalidParams(f"{name} is not valid Unicode text (lone surrogate): {value!r}") from None
 
 
 def _require_int(name: str, value: object, lo: int, hi: int = 2**63 - 1) -> int:
@@ -58,7 +69,7 @@ def _validate_tenant(tenant: object) -> str:
 def _single_key(key: object) -> tuple[np.ndarray, np.ndarray]:
     """One key as (offsets, data) arrays, the shape every batch kernel takes."""
     k = _require_str("key", key)
-    data = np.frombuffer(k.encode(), np.uint8)
+    data = np.frombuffer(k.encode(), np.uint8)  # _require_str checked it encodes
     if data.size > MAX_KEY_BYTES:
         raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
     return np.array([0, data.size], np.int64), data

@@ -1,0 +1,53 @@
+"""Failover without divergence: what reaches the journal, and what can never wedge it."""
+from __future__ import annotations
+
+import pytest
+
+from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
+from mooncake_columnar.errors import InvalidParams
+from mooncake_columnar.ha.stores import FileOpLogStore
+from mooncake_columnar.ha.writer import OpLogWriter
+
+BAD = "x\ud800y"  # a lone surrogate: no UTF-8 encoding exists
+
+
+@pytest.fixture
+def journaled(tmp_path):
+    clocks = ManualClocks()
+    writer = OpLogWriter(FileOpLogStore(tmp_path / "log"), window=8, clocks=clocks)
+    m = MasterService(MasterConfig(), clocks=clocks, journal=writer)
+    m.mount_segment("seg0", endpoint="10.0.0.1:1", client_id="c0", base=1 << 32, size=1 << 20)
+    return m, writer
+
+
+def test_lone_surrogates_are_invalid_params_at_the_api_and_never_reach_the_journal(journaled):
+    m, writer = journaled
+    calls = [
+        lambda: m.mount_segment(BAD, endpoint="e:1", client_id="c0", base=1 << 40, size=1 << 20),
+        lambda: m.mount_segment("s", endpoint=BAD, client_id="c0", base=1 << 40, size=1 << 20),
+        lambda: m.mount_segment("s", endpoint="e:1", client_id=BAD, base=1 << 40, size=1 << 20),
+        lambda: m.put_start(BAD, 10, client_id="c0"),
+        lambda: m.put_start("k", 10, client_id=BAD),
+        lambda: m.put_start("k", 10, client_id="c0", config=ReplicateConfig(group_id=BAD)),
+        lambda: m.put_start("k", 10, client_id="c0", config=ReplicateConfig(preferred_segments=(BAD,))),
+        lambda: m.put_end(BAD, client_id="c0"),
+        lambda: m.get_replica_list(BAD),
+        lambda: m.exist_key(BAD),
+        lambda: m.remove(BAD),
+        lambda: m.batch_put_start(["ok", BAD], [1, 1], client_id="c0"),
+        lambda: m.batch_get_replica_list([BAD]),
+        lambda: m.remove_by_regex(BAD),
+        lambda: m.ping(BAD),
+        lambda: m.unmount_segment(BAD),
+    ]
+    for i, call in enumerate(calls):
+        with pytest.raises(InvalidParams):
+            call()
+    writer.flush()
+    assert writer.outstanding == 0  # nothing reserved and left unfilled
+    for i in range(20):  # more entries than the window: the writer still moves on
+        m.put_start(f"k{i}", 10, client_id="c0")
+        m.put_end(f"k{i}", client_id="c0")
+        m.remove(f"k{i}", force=True)
+        writer.flush()
+    assert m.object_count() == 0 and m.to_arrow().num_rows == 0
