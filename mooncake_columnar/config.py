@@ -44,6 +44,9 @@ class MasterConfig:
     # Largest replica_num a put may ask for (1..64). Replica slots are columns of every object:
     # once one object holds k replicas, every object pays k x 24 bytes until the next restart.
     max_replica_num: int = 4
+    # HA primary: how long a change waits for oplog window space before it is refused
+    # (UNAVAILABLE_IN_CURRENT_STATUS, nothing changed). The master lock is held meanwhile.
+    oplog_admission_timeout_ms: int = 50
     # Offload-on-evict (upstream names; effective only with enable_offload).
     enable_offload: bool = False
     offload_on_evict: bool = False
@@ -68,6 +71,7 @@ class MasterConfig:
             _int_field(self, "recovery_kv_lease_ttl_ms")
         _int_field(self, "offloading_queue_limit", 1, 100_000_000)
         _int_field(self, "max_replica_num", 1, 64)
+        _int_field(self, "oplog_admission_timeout_ms", 0, 60_000)
         for name in ("allow_evict_soft_pinned_objects", "enable_multi_tenants", "enable_offload",
                      "offload_on_evict", "offload_force_evict"):
             _require(isinstance(getattr(self, name), bool), name, "must be a bool")

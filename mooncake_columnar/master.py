@@ -6,6 +6,7 @@ Single-key calls raise the typed error of their code; batch calls return int32 c
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -84,7 +85,8 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self.next_replica_id = 1
         self.metrics = Metrics()
         # HA primary: operations go to the oplog writer; removals free space only once durable
-        self.journal = Journal(journal) if journal is not None else None
+        self.journal = self._journal_for(journal) if journal is not None else None
+        self._durable_removals: deque[tuple[np.ndarray, np.ndarray]] = deque()  # finalizations the lock was busy for
         self.remount_fault: Callable[[str], None] | None = None  # tests: fail a remount at a named step
         self.ledger = TenantLedger()  # maintained only in multi-tenant mode (quota admission)
         self.offloads = OffloadQueue(config.offloading_queue_limit)
@@ -103,7 +105,10 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         """Start journaling every change to ``writer`` (a promoted standby becoming the primary:
         its writer writes through the store handle that claimed the new producer view)."""
         with self._lock:
-            self.journal = Journal(writer)
+            self.journal = self._journal_for(writer)
+
+    def _journal_for(self, writer: "OpLogWriter") -> Journal:
+        return Journal(writer, self.config.oplog_admission_timeout_ms / 1000)
 
     # ---- derived config ---------------------------------------------------------------------
     @property
@@ -115,6 +120,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         """One round of background work: client expiry, eviction when triggered, expired puts
         and offloads, release of discarded space. The background thread calls this; tests call
         it directly with ManualClocks."""
+        self._finish_durable_removals()
         self.expire_clients()
         now_ms = self.clocks.system_ns() // NS_PER_MS
         self._discard_expired_puts(now_ms)
@@ -180,9 +186,10 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         if not hit.all():
             rows, removed = rows[hit], removed[hit]
         if self.journal is not None:  # hide now, free once durable; a full window stops the cycle
-            if not self.journal.hide_then_free(self, rows, removed):
+            done = self.journal.hide_then_free(self, rows, removed)
+            if done < rows.size:
                 self.metrics.inc("eviction_oplog_backpressure")
-                return 0, 0, queued
+                rows, removed = rows[:done], removed[:done]
             return int(rows.size), int((o.size_bytes[rows] * removed.sum(axis=1)).sum()), queued
         r_idx, slot = np.nonzero(removed)
         freed = self._drop_slots(rows[r_idx], slot)
@@ -262,6 +269,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         rows_out = np.full(n, -1, np.int64)
         lengths = np.diff(offsets)
         codes[(lengths == 0) | (lengths > MAX_KEY_BYTES) | (sizes <= 0)] = ErrorCode.INVALID_PARAMS
+        self._finish_durable_removals()
         self._release_discarded(now_ms)
 
         discard_ms = self.config.put_start_discard_timeout_s * 1000
@@ -383,21 +391,49 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
 
     def _put_end(self, offsets: np.ndarray, data: np.ndarray, client: str, tenant_id: str) -> np.ndarray:
         rows = self._lookup(offsets, data, tenant_id)
-        now = self.clocks.steady_ns()
-        o = self.objects
         codes = np.where(rows < 0, np.int32(ErrorCode.OBJECT_NOT_FOUND), np.int32(0)).astype(np.int32)
+        client_code = self.clients.find(client)
+        if self.journal is None:
+            self._complete_puts(rows, client_code, codes)
+            return codes
+        # Journaled: a range of keys completes only once the PUT_END entries of the puts it
+        # completes hold window space, so no object is ever visible without its entry; ranges
+        # cut at every window's worth of completions (a loop per window, not per key).
+        o = self.objects
+        pos = np.flatnonzero(rows >= 0)
+        completes = (o.client[rows[pos]] == client_code) & ((o.flags[rows[pos]] & FLAG_PROCESSING) != 0)
+        pos = pos[completes]
+        if pos.size > 1:  # a key named twice completes at its first position
+            _, first = np.unique(rows[pos], return_index=True)
+            pos = np.sort(pos[first])
+        w = self.journal.window
+        bounds = np.concatenate(([0], pos[w::w], [rows.size]))
+        for i in range(bounds.size - 1):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            done = rows[pos[i * w:(i + 1) * w]]
+            res = self.journal.reserve(int(done.size)) if done.size else None
+            if done.size and res is None:  # window stayed full: these keys stay PROCESSING
+                rest = codes[lo:]
+                refused = rest == 0
+                rest[refused] = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
+                self.metrics.inc("put_end_oplog_backpressure", int(refused.sum()))
+                break
+            self._complete_puts(rows[lo:hi], client_code, codes[lo:hi])
+            if res is not None:
+                self.journal.submit_put_ends(self, res, done)
+        return codes
+
+    def _complete_puts(self, rows: np.ndarray, client_code: int, codes: np.ndarray) -> None:
+        """PROCESSING -> COMPLETE for ``rows`` (codes pre-filled, written in place)."""
+        o = self.objects
         released = np.full(rows.size, -1, np.int64)
         found = rows[rows >= 0]
         self._charge(found, -1)
-        ok.complete_puts(rows, self.clients.find(client), now, codes, o.flags, o.client,
+        ok.complete_puts(rows, client_code, self.clocks.steady_ns(), codes, o.flags, o.client,
                          o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status,
                          o.inflight, self.inflight.pending_soft_pin_ttl_ns, released)
         self.inflight.release(released)
         self._charge(found, +1)
-        if self.journal is not None:
-            done = rows[released >= 0]
-            self.journal.put_end(self, np.unique(done) if done.size > 1 else done)
-        return codes
 
     @_locked
     def put_revoke(self, key: str, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> None:
@@ -480,17 +516,22 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         repeat = np.ones(removed.size, np.bool_)
         repeat[first] = False
         codes[removed[repeat]] = ErrorCode.OBJECT_NOT_FOUND  # a repeated key: gone by its turn
-        if not self._remove_objects(doomed):
-            codes[removed] = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS  # oplog window full: nothing removed
+        done = self._remove_objects(doomed)
+        if done < doomed.size:  # oplog window stayed full: those objects were not touched
+            codes[removed[np.isin(rows[removed], doomed[done:]) & ~repeat]] = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
         return codes
 
-    def _remove_objects(self, rows: np.ndarray) -> bool:
-        """Explicit removal: erase now, or with an oplog hide now and free once durable.
-        False when the oplog refused (window full); then nothing changed."""
+    def _remove_objects(self, rows: np.ndarray) -> int:
+        """Explicit removal: erase now, or with an oplog hide now and free once durable, in
+        window-sized reservations. Returns how many of ``rows`` (a prefix) were removed; the
+        rest are untouched (the oplog window stayed full)."""
         if self.journal is None:
             self._erase_rows(rows)
-            return True
-        return self.journal.hide_then_free(self, rows)
+            return int(rows.size)
+        done = self.journal.hide_then_free(self, rows)
+        if done < rows.size:
+            self.metrics.inc("remove_oplog_backpressure", int(rows.size - done))
+        return done
 
     def _drop_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
         """Free the memory extents of replica slots (rows[i], slots[i]) and clear them; returns bytes."""
@@ -512,9 +553,22 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         return int(dropped)
 
     def _finalize_removed(self, rows: np.ndarray, replica_ids: np.ndarray) -> None:
-        """Durable-callback of journaled removals (any thread): free what is still REMOVED."""
-        with self._lock:
+        """Durable-callback of journaled removals (the writer's thread): free what is still
+        REMOVED. It never waits for the master lock, whose holder may be waiting for the very
+        window space this durability frees: when the lock is busy the work is queued, and the
+        next tick or put_start does it."""
+        if not self._lock.acquire(blocking=False):
+            self._durable_removals.append((rows, replica_ids))
+            return
+        try:
+            self._finish_durable_removals()
             finalize_removed(self, rows, replica_ids)
+        finally:
+            self._lock.release()
+
+    def _finish_durable_removals(self) -> None:
+        while self._durable_removals:
+            finalize_removed(self, *self._durable_removals.popleft())
 
     @_locked
     def remove_all(self, *, force: bool = False, tenant_id: str | None = None) -> int:
@@ -539,8 +593,10 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         ok.classify_removals(rows, self.clocks.steady_ns(), force, self.objects.lease_deadline_ns,
                              self.objects.replica_status, codes)
         doomed = rows[codes == 0]
-        if not self._remove_objects(doomed):
-            raise error_for_code(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, "oplog window full: nothing removed")
+        done = self._remove_objects(doomed)
+        if done < doomed.size:
+            raise error_for_code(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS,
+                                 f"oplog window full: {done} of {doomed.size} objects removed, retry for the rest")
         return int(doomed.size)
 
     def _erase_rows(self, rows: np.ndarray, *, charged: bool = True, slots_cleared: bool = False) -> None:

@@ -7,7 +7,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .clock import NS_PER_S
-from .errors import InvalidParams, SegmentAlreadyExists
+from .errors import InvalidParams, SegmentAlreadyExists, UnavailableInCurrentStatus
+from .ha.journal import NOT_JOURNALED, PendingEntries
 from .kernels import objects as ok
 from .recovery import RemountReport, recover_segments
 from .schema import KIND_MEMORY, PingStatus
@@ -32,9 +33,9 @@ class SegmentsMixin:
             if existing == seg:
                 return
             raise SegmentAlreadyExists(f"segment {seg.name!r} is mounted with different parameters")
+        journaled = self._journal_segments([seg], mounted=True)
         self.segments.mount(seg)
-        if self.journal is not None:
-            self.journal.segment(self, seg, mounted=True)
+        journaled.submit()
 
     @_locked
     def unmount_segment(self, name: str) -> None:
@@ -44,9 +45,21 @@ class SegmentsMixin:
             return  # idempotent, as upstream
         self._unmount_codes([code])
 
+    def _journal_segments(self, segs: list[Segment], *, mounted: bool) -> PendingEntries:
+        """Reserve the oplog entries of a segment change before making it; raises
+        UnavailableInCurrentStatus (nothing changed) when the oplog window stays full."""
+        if self.journal is None:
+            return NOT_JOURNALED
+        pending = self.journal.segments(segs, mounted)
+        if pending is None:
+            self.metrics.inc("segment_oplog_backpressure")
+            raise UnavailableInCurrentStatus("oplog window full: segment change not made, retry")
+        return pending
+
     def _unmount_codes(self, codes: Iterable[int]) -> None:
         o = self.objects
         for code in codes:
+            journaled = self._journal_segments([self.segments.info[code]], mounted=False)
             self.segments.allocatable[code] = False  # allocator dropped: nothing on it is freed
             hw = o.high_water
             on_seg = np.flatnonzero(((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == int(KIND_MEMORY))
@@ -60,8 +73,7 @@ class SegmentsMixin:
             self._erase_rows(emptied, charged=False)
             keep = self._discarded_seg != code
             self._drop_discarded(keep)
-            if self.journal is not None:
-                self.journal.segment(self, self.segments.info[code], mounted=False)
+            journaled.submit()
             self.segments.unmount(code)
 
     @_locked
@@ -105,19 +117,19 @@ class SegmentsMixin:
                 restored.append((code, seg))
             elif existing != seg:
                 raise InvalidParams(f"segment {seg.name!r} is mounted with a different identity")
+        journaled = self._journal_segments(plain + [self.segments.info[c] for c, _ in restored], mounted=True)
         rec = None
         if restored:
             try:
                 rec = recover_segments(self, client, restored, self.remount_fault)
             except Exception:
+                journaled.cancel()  # nothing was published: the entries must not hold the log back
                 self.metrics.inc("remount_failures")
                 raise
         self._touch_client(client, self.clocks.steady_ns())
         for seg in plain:
             self.segments.mount(seg)
-        if self.journal is not None:
-            for seg in plain + [self.segments.info[c] for c, _ in restored]:
-                self.journal.segment(self, seg, mounted=True)
+        journaled.submit()
         self._ok_clients.add(client)
         report = RemountReport(
             client, tuple(s.name for _, s in restored), len(plain), rec.matched if rec else 0,
@@ -140,10 +152,14 @@ class SegmentsMixin:
     def expire_clients(self) -> list[str]:
         """Clients silent for client_live_ttl_s: forget them and unmount their segments."""
         now = self.clocks.steady_ns()
-        expired = [c for c, d in self._client_deadline_ns.items() if d < now]
-        for client in expired:
+        expired = []
+        for client in [c for c, d in self._client_deadline_ns.items() if d < now]:
+            try:
+                self._unmount_codes(self.segments.codes_of_client(client))
+            except UnavailableInCurrentStatus:  # oplog window full: the next tick retries
+                continue
             del self._client_deadline_ns[client]
             self._ok_clients.discard(client)
-            self._unmount_codes(self.segments.codes_of_client(client))
+            expired.append(client)
         return expired
 

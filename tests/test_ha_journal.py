@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from mooncake_columnar import MasterConfig, MasterService, ReplicateConfig
-from mooncake_columnar.errors import MooncakeError, ObjectNotFound
+from mooncake_columnar.errors import ErrorCode, MooncakeError, ObjectNotFound, UnavailableInCurrentStatus
 from mooncake_columnar.ha.apply import apply_batch
 from mooncake_columnar.ha.oplog import OpType
 from mooncake_columnar.ha.stores import FileOpLogStore
@@ -76,15 +76,73 @@ def test_eviction_records_tenant_and_key_and_frees_after_durable(clocks, store):
 
 
 def test_full_window_leaves_eviction_candidate_readable_and_armed(clocks, store):
-    m, writer = journaled(clocks, store, window=2)
+    m, writer = journaled(clocks, store, window=3, oplog_admission_timeout_ms=0)
     put(m, "a")
-    put(m, "b")           # window: mount + a + b > 2, PUT_END of b dropped with a metric
+    put(m, "b")           # window: mount + a + b = 3, full until a flush
     clocks.advance(ms=TTL_MS)
     m.eviction_armed = True
     report = m.evict(target=1.0)
     assert report.evicted_objects == 0 and m.eviction_armed
     assert m.exist_key("a") and m.exist_key("b")
     assert m.metrics.get("eviction_oplog_backpressure") == 1
+
+
+def test_put_end_with_a_full_window_fails_before_the_object_becomes_visible(clocks, store):
+    m, writer = journaled(clocks, store, window=2, oplog_admission_timeout_ms=0)
+    put(m, "a")                                   # mount + a fill the window
+    m.put_start("b", 4096, client_id="client0")
+    with pytest.raises(UnavailableInCurrentStatus):
+        m.put_end("b", client_id="client0")
+    assert not m.exist_key("b") and m.object_info("b").processing  # still PROCESSING, not visible
+    assert m.metrics.get("put_end_oplog_backpressure") == 1
+    writer.flush()
+    m.put_end("b", client_id="client0")            # the client's retry
+    writer.flush()
+    assert [(e.op, e.key) for e in entries(store)][-2:] == [(OpType.PUT_END, "a"), (OpType.PUT_END, "b")]
+
+
+def test_batch_put_end_larger_than_the_window_journals_every_completed_put(clocks, store, tmp_path):
+    writer = OpLogWriter(store, window=8, clocks=clocks)
+    writer.start()  # frees window space while the batch waits for it
+    try:
+        m = MasterService(MasterConfig(), clocks=clocks, journal=writer)
+        m.mount_segment("seg0", endpoint="10.0.0.0:1234", client_id="client0", base=1 << 32, size=64 << 20)
+        keys = [f"k{i}" for i in range(50)] + ["k3", "missing"]
+        m.batch_put_start(keys[:50], [64] * 50, client_id="client0")
+        codes = m.batch_put_end(keys, client_id="client0").codes
+        assert (codes[:51] == 0).all() and codes[51] == ErrorCode.OBJECT_NOT_FOUND
+    finally:
+        writer.stop()
+    put_ends = [e.key for e in entries(store) if e.op == OpType.PUT_END]
+    assert sorted(put_ends) == sorted(keys[:50])
+
+
+def test_a_removal_larger_than_the_window_goes_in_window_sized_reservations(clocks, store):
+    writer = OpLogWriter(store, window=8, clocks=clocks)
+    writer.start()
+    try:
+        m = MasterService(MasterConfig(), clocks=clocks, journal=writer)
+        m.mount_segment("seg0", endpoint="10.0.0.0:1234", client_id="client0", base=1 << 32, size=64 << 20)
+        keys = [f"k{i}" for i in range(40)]
+        m.batch_put_start(keys, [64] * 40, client_id="client0")
+        m.batch_put_end(keys, client_id="client0")
+        assert (m.batch_remove(keys[:30], force=True) == 0).all()
+        assert m.remove_all(force=True) == 10
+    finally:
+        writer.stop()
+    assert m.object_count() == 0 and m.segment_usage()["seg0"][0] == 0
+    assert sorted(e.key for e in entries(store) if e.op == OpType.REMOVE) == sorted(keys)
+
+
+def test_a_removal_refused_by_a_full_window_changes_nothing_and_says_so(clocks, store):
+    m, writer = journaled(clocks, store, window=2, oplog_admission_timeout_ms=0)
+    put(m, "a")
+    codes = m.batch_remove(["a", "a"], force=True)
+    assert list(codes) == [ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, ErrorCode.OBJECT_NOT_FOUND]
+    assert m.exist_key("a")
+    with pytest.raises(UnavailableInCurrentStatus):
+        m.mount_segment("seg1", endpoint="10.0.0.1:1", client_id="client1", base=1 << 40, size=1 << 20)
+    assert "seg1" not in m.segment_usage()
 
 
 def test_standby_applying_the_log_matches_the_primary_without_deadlines(clocks, store):

@@ -3,12 +3,14 @@
 Upstream's protocol: readability-increasing operations (PUT_END, SEGMENT_MOUNT) are visible before
 they are durable; readability-decreasing ones (REMOVE, eviction) hide first (replicas marked
 REMOVED, so reads and eviction skip them) and free their space only after the entries are
-durable. A full writer window refuses the reservation before anything is mutated: removal fails
-with the error, eviction stops its cycle and stays armed. No deadline ever goes into an entry.
+durable. Every change reserves its entries before it mutates anything (waiting a bounded time
+for window space), so nothing becomes visible without its entry: a put_end that finds the window
+full stays PROCESSING and answers UNAVAILABLE_IN_CURRENT_STATUS (retry or revoke), a removal
+fails with that code, eviction stops its cycle and stays armed. Batches larger than the window
+go in window-sized reservations. No deadline ever goes into an entry.
 """
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -25,7 +27,6 @@ from .writer import OpLogWriter, Reservation
 if TYPE_CHECKING:
     from ..master import MasterService
 
-log = logging.getLogger(__name__)
 _REMOVED = int(ReplicaStatus.REMOVED)
 _COMPLETE = int(ReplicaStatus.COMPLETE)
 _MEMORY = int(KIND_MEMORY)
@@ -116,8 +117,9 @@ _NO_KEEP = np.zeros((0, 0), np.bool_)
 
 
 class Journal:
-    def __init__(self, writer: OpLogWriter) -> None:
+    def __init__(self, writer: OpLogWriter, admission_timeout_s: float = 0.05) -> None:
         self.writer = writer
+        self.admission_timeout_s = admission_timeout_s
 
     # ---- columns ---------------------------------------------------------------------------
     def _object_columns(self, m: "MasterService", rows: np.ndarray, keep: np.ndarray | None) -> OpLogColumns:
@@ -146,54 +148,75 @@ class Journal:
             replica_endpoint=np.full(rid.size, len(strings), np.int32),  # the journal logs no endpoint
             strings=pa.array(strings + [""], pa.large_string()), segments=())
 
-    def _try_reserve(self, n: int) -> Reservation | None:
+    def reserve(self, n: int) -> Reservation | None:
+        """``n`` sequence ids, waiting up to the admission timeout for window space; None
+        (nothing reserved) when none freed. Callers build their entries first and mutate only
+        after this succeeded, so a refusal leaves the engine as it was."""
         try:
-            return self.writer.reserve(n)
+            return self.writer.reserve(n, timeout_s=self.admission_timeout_s)
         except WindowFull:
             return None
 
+    @property
+    def window(self) -> int:
+        return self.writer.window
+
     # ---- hooks called by MasterService (under its lock) --------------------------------------
-    def put_end(self, m: "MasterService", rows: np.ndarray) -> None:
-        """Visible before durable: append PUT_END for completed objects, nothing waits."""
-        if rows.size == 0:
-            return
-        res = self._try_reserve(int(rows.size))
-        if res is None:  # upstream logs and carries on: the object is already visible
-            m.metrics.inc("oplog_put_end_dropped", int(rows.size))
-            log.warning("oplog window full: %d PUT_END entries not journaled", rows.size)
-            return
+    def submit_put_ends(self, m: "MasterService", res: Reservation, rows: np.ndarray) -> None:
+        """PUT_END of ``rows`` (one per reserved id), whose puts just completed: visible before
+        durable, and never without an entry (the reservation was made before they completed)."""
         self.writer.submit(res, self._object_columns(m, rows, None))
 
-    def hide_then_free(self, m: "MasterService", rows: np.ndarray, removed: np.ndarray | None = None) -> bool:
+    def hide_then_free(self, m: "MasterService", rows: np.ndarray, removed: np.ndarray | None = None) -> int:
         """Mark the ``removed`` slots (default: every slot) of ``rows`` REMOVED, journal
-        PUT_END(remaining)/REMOVE, and free them once durable. False (nothing changed) when the
-        writer window is full."""
-        if rows.size == 0:
-            return True
+        PUT_END(remaining)/REMOVE, and free them once durable, in window-sized reservations.
+        Returns how many of ``rows`` (a prefix) were hidden; the others are unchanged because
+        the window stayed full."""
         o = m.objects
-        if removed is None:
-            removed = o.replica_status[rows] != 0
-        res = self._try_reserve(int(rows.size))
-        if res is None:
-            return False
-        remaining = (o.replica_status[rows] != 0) & ~removed
-        body = self._object_columns(m, rows, remaining & (o.replica_status[rows] == _COMPLETE))
-        ids = np.where(removed, o.replica_id[rows], 0)
-        r_idx, slot = np.nonzero(removed)
-        o.replica_status[rows[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable
-        self.writer.submit(res, body, on_durable=lambda _batch: m._finalize_removed(rows, ids))
-        return True
+        done = 0
+        while done < rows.size:
+            part = rows[done: done + self.window]
+            status = o.replica_status[part]
+            gone = status != 0 if removed is None else removed[done: done + part.size]
+            remaining = (status != 0) & ~gone
+            body = self._object_columns(m, part, remaining & (status == _COMPLETE))
+            res = self.reserve(int(part.size))
+            if res is None:
+                break
+            ids = np.where(gone, o.replica_id[part], 0)
+            r_idx, slot = np.nonzero(gone)
+            o.replica_status[part[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable
+            self.writer.submit(res, body, on_durable=lambda _batch, p=part, i=ids: m._finalize_removed(p, i))
+            done += part.size
+        return done
 
-    def segment(self, m: "MasterService", seg: Segment, mounted: bool) -> None:
+    def segments(self, segs: Sequence[Segment], mounted: bool) -> "PendingEntries | None":
+        """Reserve the SEGMENT_MOUNT (or UNMOUNT) entries of ``segs``; returns them pending:
+        ``submit()`` once the change is made, ``cancel()`` if it failed. None when the window
+        stayed full."""
+        if not segs:
+            return PendingEntries(None, None, self.writer)
         op = OpType.SEGMENT_MOUNT if mounted else OpType.SEGMENT_UNMOUNT
-        res = self._try_reserve(1)
-        if res is None:
-            m.metrics.inc("oplog_segment_ops_dropped")
-            log.warning("oplog window full: %s %s not journaled", op.name, seg.name)
-            return
-        self.writer.submit(res, OpLogColumns.from_ops([OpLogOp(op, "default", seg.endpoint or seg.name,
-                                                               SegmentPayload(seg.name, seg.endpoint, seg.size,
-                                                                              seg.client))]))
+        body = OpLogColumns.from_ops([OpLogOp(op, "default", seg.endpoint or seg.name,
+                                              SegmentPayload(seg.name, seg.endpoint, seg.size, seg.client))
+                                      for seg in segs])
+        res = self.reserve(len(segs))
+        return None if res is None else PendingEntries(res, body, self.writer)
+
+
+class PendingEntries:
+    """Reserved entries whose change is being made: exactly one of submit() or cancel()."""
+
+    def __init__(self, res: Reservation | None, body: OpLogColumns | None, writer: OpLogWriter | None) -> None:
+        self._res, self._body, self._writer = res, body, writer
+
+    def submit(self) -> None:
+        if self._res is not None:
+            self._writer.submit(self._res, self._body)
+
+    def cancel(self) -> None:
+        if self._res is not None:
+            self._writer.cancel(self._res)
 
 
 def finalize_removed(m: "MasterService", rows: np.ndarray, ids: np.ndarray) -> Sequence[int]:
@@ -208,3 +231,6 @@ def finalize_removed(m: "MasterService", rows: np.ndarray, ids: np.ndarray) -> S
     m._erase_rows(gone)
     return gone
 
+
+
+NOT_JOURNALED = PendingEntries(None, None, None)  # a master without a journal: nothing to submit

@@ -25,6 +25,7 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -87,6 +88,7 @@ class OpLogWriter:
         self._callbacks: list[tuple[int, int, Callable[[Any], None], Any]] = []
         self._order = itertools.count()
         self._lock = threading.Lock()  # guards the fields above
+        self._space = threading.Condition(self._lock)  # notified when the durable prefix moves
         self._flush_lock = threading.Lock()  # one store write sequence at a time
         self._dispatch_lock = threading.RLock()  # callbacks run one at a time, in order (RLock: they may re-enter)
         self._terminal: BaseException | None = None
@@ -129,21 +131,40 @@ class OpLogWriter:
 
     # --- producer side -----------------------------------------------------------------------
 
-    def reserve(self, n: int = 1) -> Reservation:
-        """Hold ``n`` contiguous sequence ids; WindowFull when the window cannot take them now."""
+    def reserve(self, n: int = 1, *, timeout_s: float = 0.0) -> Reservation:
+        """Hold ``n`` contiguous sequence ids; waits up to ``timeout_s`` (real time) for the
+        window to take them, then raises WindowFull."""
         if type(n) is not int or not 1 <= n <= self.window:
             raise InvalidParams(f"reservation size must be an int in [1, {self.window}], got {n!r}")
+        deadline = time.monotonic() + timeout_s
         with self._lock:
-            self._check_open()
-            outstanding = self._next - 1 - self._durable
-            if outstanding + n > self.window:
-                raise WindowFull(
-                    f"{outstanding} entries are not durable yet; {n} more would exceed window {self.window}"
-                )
+            while True:
+                self._check_open()
+                outstanding = self._next - 1 - self._durable
+                if outstanding + n <= self.window:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WindowFull(
+                        f"{outstanding} entries are not durable yet; {n} more would exceed window {self.window}"
+                    )
+                self._space.wait(left)
             r = Reservation(self._next, n, self)
             self._slots[r.first_sequence_id] = _Slot(r, self.clocks.steady_ns())
             self._next += n
             return r
+
+    def cancel(self, reservation: Reservation) -> None:
+        """Give back the newest reservation, unsubmitted (the change it was made for failed
+        before anything became visible), so its ids never hold the durable prefix back."""
+        with self._lock:
+            slot = self._slots.get(reservation.first_sequence_id)
+            if (slot is None or slot.reservation is not reservation or slot.body is not None
+                    or reservation.last_sequence_id != self._next - 1):
+                raise InvalidParams(f"reservation {reservation.first_sequence_id} is not the newest unsubmitted one")
+            del self._slots[reservation.first_sequence_id]
+            self._next = reservation.first_sequence_id
+            self._space.notify_all()
 
     def submit(self, reservation: Reservation, body: OpLogColumns | Sequence[OpLogOp],
                on_durable: DurableCallback | None = None) -> None:
@@ -260,11 +281,13 @@ class OpLogWriter:
                             self._retry = batch
                         else:
                             self._terminal = exc
+                            self._space.notify_all()  # waiting reservations fail now
                     self._dispatch()
                     raise
                 with self._lock:
                     self._retry = None
                     self._durable = batch.last_sequence_id
+                    self._space.notify_all()
                     self.batches_written += 1
                     self.entries_written += batch.count
                     while self._slots:
@@ -318,6 +341,7 @@ class OpLogWriter:
         """Refuse new reservations, stop the flusher thread, then flush what is left."""
         with self._lock:
             self._closed = True
+            self._space.notify_all()
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
