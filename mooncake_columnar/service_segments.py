@@ -96,6 +96,8 @@ class SegmentsMixin:
         client = _require_str("client_id", client_id)
         plain: list[Segment] = []
         restored: list[tuple[int, Segment]] = []
+        restored_by_endpoint = {s.endpoint: c for c, s in enumerate(self.segments.info)
+                                if s is not None and not self.segments.readable[c]}
         for s in segments:
             seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
             if seg is None:
@@ -106,6 +108,12 @@ class SegmentsMixin:
             if seg.client != client:
                 raise InvalidParams(f"segment {seg.name!r} belongs to client {seg.client!r}, not {client!r}")
             code = self.segments.code(seg.name)
+            by_endpoint = restored_by_endpoint.get(seg.endpoint, -1)
+            if by_endpoint >= 0 and by_endpoint != code:
+                # upstream ValidateStandbyRemountSegment: a standby segment matched by endpoint
+                # must match by name too (else the real segment would stay unreadable forever)
+                raise InvalidParams(f"segment {seg.name!r} has the endpoint of standby segment "
+                                    f"{self.segments.info[by_endpoint].name!r} but another name")
             existing = self.segments.info[code] if code >= 0 else None
             if existing is None:
                 plain.append(seg)

@@ -80,9 +80,12 @@ class ViewsMixin:
         m.next_replica_id = max(m.next_replica_id, int(state.replica_next_id))
         if m._ledger_on:  # rebuild tenant usage from the restored replicas
             m._charge(m.objects.live_rows(), +1)
-        now = m.clocks.steady_ns()
-        for client in set(state.segments.column("client").to_pylist()):
-            m._touch_client(client, now)  # restored clients must ping within client_live_ttl_s
+        if segments_readable:  # a restart: restored clients must ping within client_live_ttl_s
+            now = m.clocks.steady_ns()
+            for client in set(state.segments.column("client").to_pylist()):
+                m._touch_client(client, now)
+        # a promotion: a client's liveness starts at its first contact with the new primary; until
+        # then its segments and objects stay, unreadable and protected (the guard has no TTL)
         return m
 
     def _group_name(self, row: int) -> str:

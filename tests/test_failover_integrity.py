@@ -51,3 +51,56 @@ def test_lone_surrogates_are_invalid_params_at_the_api_and_never_reach_the_journ
         m.remove(f"k{i}", force=True)
         writer.flush()
     assert m.object_count() == 0 and m.to_arrow().num_rows == 0
+
+
+def _primary_and_standby(tmp_path, clocks, **cfg):
+    from mooncake_columnar.ha.standby import StandbyService
+    store = FileOpLogStore(tmp_path / "ha")
+    writer = OpLogWriter(store, window=1024, clocks=clocks)
+    config = MasterConfig(**cfg)
+    m = MasterService(config, clocks=clocks, journal=writer)
+    m.mount_segment("seg0", endpoint="10.0.0.1:1", client_id="c0", base=1 << 32, size=1 << 20)
+    for i in range(10):
+        m.put_start(f"k{i}", 64, client_id="c0")
+        m.put_end(f"k{i}", client_id="c0")
+    writer.flush()
+    return m, StandbyService(store, config=config, clocks=clocks)
+
+
+SEG0 = dict(name="seg0", endpoint="10.0.0.1:1", client="c0", base=1 << 32, size=1 << 20)
+
+
+def test_a_restored_client_slow_to_find_the_new_primary_keeps_its_objects(tmp_path):
+    clocks = ManualClocks()
+    _, standby = _primary_and_standby(tmp_path, clocks, client_live_ttl_s=10)
+    promoted = standby.promote(timeout_s=1.0)
+    clocks.advance(s=60)  # far past client_live_ttl_s without a word from c0
+    promoted.tick()
+    assert promoted.object_count() == 10 and not promoted.exist_key("k0")  # kept, unreadable
+    assert int(promoted.ping("c0")) == 1  # first contact: NEED_REMOUNT, liveness starts now
+    report = promoted.remount_segments("c0", [SEG0])
+    assert report.matched_objects == 10 and promoted.exist_key("k0")
+    promoted.verify()
+
+
+def test_after_first_contact_a_silent_restored_client_is_offboarded_as_upstream(tmp_path):
+    clocks = ManualClocks()
+    _, standby = _primary_and_standby(tmp_path, clocks, client_live_ttl_s=10)
+    promoted = standby.promote(timeout_s=1.0)
+    promoted.ping("c0")
+    clocks.advance(s=11)
+    promoted.tick()
+    assert promoted.object_count() == 0
+
+
+def test_a_remount_under_another_name_with_a_standby_segments_endpoint_is_refused(tmp_path):
+    from mooncake_columnar.schema import PingStatus
+    clocks = ManualClocks()
+    _, standby = _primary_and_standby(tmp_path, clocks)
+    promoted = standby.promote(timeout_s=1.0)
+    renamed = dict(SEG0, name="seg0-renamed")
+    with pytest.raises(InvalidParams, match="endpoint of standby segment 'seg0'"):
+        promoted.remount_segments("c0", [renamed])
+    assert promoted.ping("c0") == PingStatus.NEED_REMOUNT  # nothing published
+    assert "seg0-renamed" not in promoted.segment_usage() and not promoted.exist_key("k0")
+    assert promoted.remount_segments("c0", [SEG0]).matched_objects == 10

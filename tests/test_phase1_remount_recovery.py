@@ -154,7 +154,8 @@ def test_phase1_recovery_leases_are_steady_clock_deadlines(clocks):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(name="nope"), None),                       # unknown name: a plain new mount, not a rejection
+    (dict(name="nope", endpoint="10.9.9.9:1"), None),  # unknown name and endpoint: a plain new mount
+    (dict(name="nope"), "endpoint of standby segment"),  # a standby segment's endpoint under another name
     (dict(endpoint="10.9.9.9:1"), "standby registry"),
     (dict(size=32 * MB), "standby registry"),
 ])
