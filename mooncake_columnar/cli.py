@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     # ---- simulate (implemented in simulate_cli.py) ----
     from . import simulate_cli
     simulate_cli.add_parser(sub)
+    from . import verify_cli  # ---- verify: restore a snapshot and self-check the engine ----
+    verify_cli.add_parser(sub)
     return p
 
 

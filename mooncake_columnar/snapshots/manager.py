@@ -273,7 +273,9 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
     ``snapshot_restore_drop_expired`` (alias ``drop_expired``): drop non-hard-pinned objects whose
     lease and soft pin are both expired (RFC default); False keeps them as evictable cache.
     Segments come back mounted and readable; their clients must ping/remount within
-    ``client_live_ttl_s``. Raises :class:`~mooncake_columnar.errors.NoUsableSnapshot` (with
+    ``client_live_ttl_s``. A candidate whose engine fails the self-check (``MasterService.verify``)
+    is rejected like any other (``stats.failures``). Raises
+    :class:`~mooncake_columnar.errors.NoUsableSnapshot` (with
     ``.stats``) when every candidate fails. ``prefault``: first fault in, from several threads,
     fresh memory for the engine and the decode (:mod:`..memory`), sized from the newest local
     candidate.
@@ -297,9 +299,13 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
     def build(state: SnapshotState) -> "MasterService":
         if warmer is not None:
             warmer.wait()  # before the engine's allocations
-        # Inside the candidate's failure scope: an engine-side rejection falls back too.
-        return MasterService.from_state(state, config=config, clocks=clocks, segments_readable=True,
-                                        validated=True)
+        # Inside the candidate's failure scope: an engine-side rejection falls back too, and so
+        # does an engine that fails its self-check (EngineInvariantError): a loaded state always
+        # passes MasterService.verify().
+        master = MasterService.from_state(state, config=config, clocks=clocks, segments_readable=True,
+                                          validated=True)
+        master.verify()
+        return master
 
     try:
         master, manifest, stats = restore_latest_with(repo, clocks, build, snapshot_restore_drop_expired,
