@@ -54,6 +54,12 @@ class OffloadMixin:
         pos = self.offloads.position_of(row) if row >= 0 else -1
         if pos < 0:
             raise error_for_code(ErrorCode.OBJECT_NO_REPLICATION_TASK, f"no offload queued for {key!r}")
+        client = self.clients.code(_require_str("client_id", client_id))
+        res = None
+        if self.journal is not None:  # the new replica is journaled, or not added at all
+            res = self.journal.reserve(1)
+            if res is None:
+                raise error_for_code(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, "oplog window full: retry")
         o = self.objects
         free_slot = np.flatnonzero(o.replica_status[row] == 0)
         if free_slot.size == 0:
@@ -62,11 +68,13 @@ class OffloadMixin:
         j = int(free_slot[0])
         o.replica_status[row, j] = _COMPLETE
         o.replica_kind[row, j] = int(ReplicaKind.LOCAL_DISK)
-        o.replica_segment[row, j] = self.clients.code(_require_str("client_id", client_id))
+        o.replica_segment[row, j] = client
         o.replica_id[row, j] = self.next_replica_id
         self.next_replica_id += 1
         o.replica_refcnt[row, self.offloads.slots[pos]] -= 1
         self.offloads.keep(np.arange(len(self.offloads)) != pos)
+        if res is not None:  # PUT_END with every complete replica, the new LOCAL_DISK one included
+            self.journal.submit_put_ends(self, res, np.array([row], np.int64))
 
     def _expire_offloads(self, now_ms: int) -> None:
         q = self.offloads

@@ -19,7 +19,7 @@ from numba import njit
 
 from ..errors import WindowFull
 from ..kernels.predicates import is_grouped, is_hard_pinned, is_soft_pin_enabled
-from ..schema import KIND_MEMORY, ReplicaStatus
+from ..schema import KIND_LOCAL_DISK, KIND_MEMORY, ReplicaStatus
 from ..store.segments import Segment
 from .oplog import OpLogColumns, OpLogOp, OpType, SegmentPayload
 from .writer import OpLogWriter, Reservation
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 _REMOVED = int(ReplicaStatus.REMOVED)
 _COMPLETE = int(ReplicaStatus.COMPLETE)
 _MEMORY = int(KIND_MEMORY)
+_LOCAL_DISK = int(KIND_LOCAL_DISK)
 _PUT_END = np.uint8(OpType.PUT_END)
 _REMOVE_OP = np.uint8(OpType.REMOVE)
 
@@ -44,6 +45,22 @@ def _dictionary(codes: np.ndarray, name_of: Callable[[int], str]) -> tuple[np.nd
     else:
         distinct, local = np.unique(codes, return_inverse=True)
     return local.astype(np.int32), [name_of(c) if c >= 0 else "" for c in distinct.tolist()]
+
+
+# A LOCAL_DISK replica's place is its owner client: entry-local codes from here on name clients
+_OWNER_BASE = 1 << 30
+
+
+@njit(inline="always", cache=True)
+def _replica_place(kind, segment):
+    """Segment code of a memory replica, _OWNER_BASE + owner client of a LOCAL_DISK one, else -1."""
+    if segment < 0:
+        return -1
+    if kind == _MEMORY:
+        return segment
+    if kind == _LOCAL_DISK:
+        return _OWNER_BASE + segment
+    return -1
 
 
 @njit(cache=True)
@@ -103,7 +120,7 @@ def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes,
             if take:
                 rid[r] = replica_id[row, j]
                 kind[r] = replica_kind[row, j]
-                seg[r] = replica_segment[row, j] if replica_kind[row, j] == _MEMORY else -1
+                seg[r] = _replica_place(replica_kind[row, j], replica_segment[row, j])
                 offset[r] = replica_offset[row, j]
                 rsize[r] = size_bytes[row]
                 r += 1
@@ -136,7 +153,8 @@ class Journal:
         for name, codes, name_of in (
                 ("tenant", o.tenant[rows], m.tenants.name), ("client", client, m.clients.name),
                 ("group", group, m._group_names.__getitem__),
-                ("replica_segment", seg, lambda c: m.segments.info[c].name)):
+                ("replica_segment", seg, lambda c: m.segments.info[c].name if c < _OWNER_BASE
+                 else m.clients.name(c - _OWNER_BASE))):
             local, names = _dictionary(codes, name_of)
             coded[name] = local + np.int32(len(strings))
             strings += names

@@ -29,6 +29,7 @@ from ..schema import (
     FLAG_LIVE,
     FLAG_PROCESSING,
     FLAG_SOFT_PIN_ENABLED,
+    KIND_LOCAL_DISK,
     KIND_MEMORY,
     OBJECTS_PAYLOAD_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
@@ -221,7 +222,11 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     kind, seg = reps("replica_kind"), reps("replica_segment")
     seg_names = [s.name if s else "" for s in f.segments]
     all_memory = bool((kind == KIND_MEMORY).all()) and (not seg.size or seg.min() >= 0)
-    seg_code = seg if all_memory else np.where((kind == KIND_MEMORY) & (seg >= 0), seg, -1)  # others: ""
+    if not all_memory:  # a LOCAL_DISK replica's "segment" is its owner client; others ""
+        owner = np.where((kind == KIND_LOCAL_DISK) & (seg >= 0), len(seg_names) + seg, -1)
+        seg = np.where((kind == KIND_MEMORY) & (seg >= 0), seg, owner)
+        seg_names = seg_names + f.clients
+    seg_code = seg
     src = r_idx if live is None else live[r_idx]
     readable = ok.readable_mask(src, slot.astype(np.int64, copy=False), c["replica_status"], c["replica_kind"],
                                 c["replica_segment"], f.segment_readable)
@@ -384,7 +389,11 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
     from ..snapshots.state import name_codes
     codes, names = name_codes(replicas.column("segment"))
     lut = np.array([m.segments.code(s) for s in names] + [EMPTY_CODE], np.int32)
-    if isinstance(target[0], slice):  # straight into the engine column, no temporary
+    disk = replicas.column("kind").to_numpy() == KIND_LOCAL_DISK
+    if disk.any():  # a LOCAL_DISK replica's "segment" names its owner client
+        owners = np.array([m.clients.code(s) if s else EMPTY_CODE for s in names] + [EMPTY_CODE], np.int32)
+        o.replica_segment[target] = np.where(disk, owners[codes], lut[codes])
+    elif isinstance(target[0], slice):  # straight into the engine column, no temporary
         np.take(lut, codes, out=o.replica_segment[target])
     else:
         o.replica_segment[target] = lut[codes]
