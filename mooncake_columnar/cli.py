@@ -25,12 +25,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(objects=args.objects)
 
 
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    from .warmup import warm_up_kernels
+    print(f"serving-path kernels compiled and cached in {warm_up_kernels():.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mooncake-columnar", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="failover demo on embedded defaults")
     d.add_argument("--objects", type=int, default=200_000)
     d.set_defaults(func=_cmd_demo)
+    w = sub.add_parser("warmup", help="compile every serving-path kernel into the Numba cache (image builds)")
+    w.set_defaults(func=_cmd_warmup)
     from .bench import AREAS
     b = sub.add_parser("bench", help="measure one area against a same-run baseline")
     b.add_argument("area", choices=sorted(AREAS))

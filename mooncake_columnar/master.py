@@ -24,6 +24,7 @@ from .kernels.erase_guard import first_not_erasable
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .ha.journal import Journal, finalize_removed
 from .integrity import verify_engine
+from .warmup import warm_up_kernels
 from .metrics import Metrics
 from .offload import OffloadQueue
 from .quota import TenantLedger
@@ -131,7 +132,9 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
 
     def start(self, interval_s: float = 0.01) -> None:
         """Run tick() on a background thread every ``interval_s`` (upstream: 10 ms). A failing
-        tick is logged, counted and reported by ``health()``; the next ticks still run."""
+        tick is logged, counted and reported by ``health()``; the next ticks still run. The
+        serving-path kernels are compiled first (once per process), never under the lock later."""
+        warm_up_kernels()
         self._background.start(interval_s)
 
     def stop(self) -> None:

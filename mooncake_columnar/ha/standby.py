@@ -54,6 +54,7 @@ from ..snapshots.standby import (
     StandbySnapshotStore,
 )
 from ..snapshots.state import SnapshotState, with_usage
+from ..warmup import warm_up_kernels
 from .apply import STANDBY_SEGMENT_BASE, apply_batch
 from .oplog import OpLogBatch
 from .writer import OpLogWriter
@@ -175,7 +176,9 @@ class StandbyService:
 
     # ---- bootstrap ---------------------------------------------------------------------------------
     def bootstrap(self) -> int:
-        """Load the newest usable standby snapshot (if any); returns the sequence id it covers."""
+        """Load the newest usable standby snapshot (if any); returns the sequence id it covers.
+        Compiles the serving-path kernels first, so the promoted master never compiles."""
+        warm_up_kernels()
         with self._lock:
             self._check_usable()
             if self.applied_sequence_id or self._master.object_count():
@@ -332,6 +335,7 @@ class StandbyService:
         clocks = clocks if clocks is not None else self.clocks
         timeout_ns = int(timeout_s * NS_PER_S)
         self._check_usable()
+        warm_up_kernels()  # before the fence: the first remount must not compile in its window
         self._catch_up(clocks, timeout_ns, poll_interval_s)
         claim = view if view is not None else self.store.producer_view() + 1
         self.store.set_producer_view(claim)  # from here the deposed primary's appends fail
