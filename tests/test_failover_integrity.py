@@ -138,3 +138,47 @@ def test_complete_offload_is_journaled_and_the_disk_replicas_owner_survives_stan
     SnapshotManager(m, repo, prefault=False).snapshot_now()
     restored, _ = restore_master(repo, config=config, clocks=clocks, drop_expired=False, prefault=False)
     assert disk_owner(restored) == "owner"
+
+
+def test_an_eviction_cycle_larger_than_the_window_evicts_in_window_sized_chunks(tmp_path):
+    clocks = ManualClocks()
+    writer = OpLogWriter(FileOpLogStore(tmp_path / "log"), window=10, clocks=clocks)
+    m = MasterService(MasterConfig(default_kv_lease_ttl_ms=100, oplog_admission_timeout_ms=0),
+                      clocks=clocks, journal=writer)
+    m.mount_segment("seg0", endpoint="10.0.0.1:1", client_id="c0", base=1 << 32, size=1 << 20)
+    keys = [f"k{i}" for i in range(100)]
+    for i in range(0, 100, 5):  # batches of 5 (within the window), flushed as a client would see
+        m.batch_put_start(keys[i:i + 5], [64] * 5, client_id="c0")
+        assert (m.batch_put_end(keys[i:i + 5], client_id="c0").codes == 0).all()
+        writer.flush()
+    clocks.advance(ms=200)
+    evicted = 0
+    for _ in range(20):  # no flusher thread: each cycle gets one window, the next tick goes on
+        report = m.evict(target=1.0)
+        evicted += report.evicted_objects
+        assert report.evicted_objects <= 10
+        writer.flush()
+    assert evicted == 100 and m.object_count() == 0
+    m.verify()
+
+
+def test_a_failed_remount_gives_its_oplog_reservation_back(tmp_path):
+    from mooncake_columnar.recovery import RecoveryFault
+    clocks = ManualClocks()
+    _, standby = _primary_and_standby(tmp_path, clocks)
+    promoted = standby.promote(timeout_s=1.0, journal_window=4)
+    writer = promoted.journal.writer
+
+    def fail(step):
+        raise RecoveryFault(step)
+    promoted.remount_fault = fail
+    with pytest.raises(RecoveryFault):
+        promoted.remount_segments("c0", [SEG0])
+    assert writer.outstanding == 0  # nothing left reserved and unfilled
+    promoted.remount_fault = None
+    assert promoted.remount_segments("c0", [SEG0]).matched_objects == 10
+    for i in range(6):  # more than the window: the log keeps moving
+        promoted.put_start(f"new{i}", 64, client_id="c0")
+        promoted.put_end(f"new{i}", client_id="c0")
+        writer.flush()
+    assert writer.outstanding == 0 and writer.durable_prefix > 0
