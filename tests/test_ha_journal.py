@@ -181,3 +181,15 @@ def test_promoted_standby_becomes_a_journaling_primary_that_a_new_standby_follow
     follower.poll()
     keys = set(follower.master.to_arrow().column("key").to_pylist())
     assert keys == {"k1", "k2", "k3", "k4", "after-failover"}
+
+
+def test_the_tenant_ledger_drops_journaled_removals(clocks, store):
+    m, writer = journaled(clocks, store, enable_multi_tenants=True, tenant_quota_bytes={"default": 1 << 30})
+    put(m, "a")
+    put(m, "b")
+    writer.flush()
+    m.remove("a")
+    m.verify()  # hidden: already off the ledger
+    writer.flush()
+    assert int(m.ledger.committed[0]) == 4096  # only "b" is left
+    m.verify()

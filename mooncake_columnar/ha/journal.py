@@ -203,7 +203,9 @@ class Journal:
                 break
             ids = np.where(gone, o.replica_id[part], 0)
             r_idx, slot = np.nonzero(gone)
+            m._charge(part, -1)  # the tenant ledger follows statuses: hidden bytes leave it now
             o.replica_status[part[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable
+            m._charge(part, +1)
             self.writer.submit(res, body, on_durable=lambda _batch, p=part, i=ids: m._finalize_removed(p, i))
             done += part.size
         return done

@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit
 
 from ..schema import FLAG_ERASE_MARK
-from .predicates import is_live
+from .predicates import is_erase_marked, is_live
 
 _MARK = np.uint8(FLAG_ERASE_MARK)
 
@@ -28,7 +28,7 @@ def first_not_erasable(rows, flags):
             bad = i
         elif not is_live(flags[r]):
             bad = i
-        elif flags[r] & _MARK:
+        elif is_erase_marked(flags[r]):
             bad = i
         if bad >= 0:
             marked = i

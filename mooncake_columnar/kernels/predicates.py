@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE,
+from ..schema import (FLAG_ERASE_MARK, FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE,
                       FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
                       ST_COMPLETE, ST_EMPTY, ST_PROCESSING, ST_REMOVED)
 
@@ -27,6 +27,7 @@ _GROUPED = int(FLAG_GROUPED)
 _REFRESH = int(FLAG_GROUP_REFRESH)
 _PROC_FLAG = int(FLAG_PROCESSING)
 _PENDING = int(FLAG_PENDING_SOFT_PIN)
+_ERASE_MARK = int(FLAG_ERASE_MARK)
 
 
 @njit(inline="always", cache=True)
@@ -111,6 +112,12 @@ def is_hard_pinned(flags):
 @njit(inline="always", cache=True)
 def is_live(flags):
     return (flags & _LIVE) != 0
+
+
+@njit(inline="always", cache=True)
+def is_erase_marked(flags):
+    """Scratch bit of the erase guard: this row was already named in the current erase."""
+    return (flags & _ERASE_MARK) != 0
 
 
 @njit(inline="always", cache=True)

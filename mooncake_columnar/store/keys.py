@@ -48,12 +48,6 @@ class KeyIndex:
         self.arena_garbage = 0
 
     # ---- lookups -----------------------------------------------------------------------------
-    def lookup(self, tenant: int, key: np.ndarray) -> int:
-        o = self.objects
-        h = hk.hash_key(key, 0, key.shape[0], tenant)
-        return int(hk.find_row(self.table, self.arena, o.key_ref, o.tenant,
-                               key, 0, key.shape[0], tenant, h))
-
     def lookup_batch(self, offsets: np.ndarray, data: np.ndarray, tenants: np.ndarray) -> np.ndarray:
         o = self.objects
         return hk.find_rows(self.table, self.arena, o.key_ref, o.tenant,
