@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
+_SHRINK_ABOVE = 4096  # slots kept when no put is in flight
+
 
 class InflightTable:
     def __init__(self, capacity: int = 64) -> None:
+        self._reset(capacity)
+
+    def _reset(self, capacity: int) -> None:
         self.put_start_time_ms = np.zeros(capacity, np.int64)
         self.pending_soft_pin_ttl_ns = np.zeros(capacity, np.int64)
         self.in_use = np.zeros(capacity, np.bool_)
@@ -46,6 +51,8 @@ class InflightTable:
         self.row[slots] = -1
         self.free_slots[self.free_count: self.free_count + slots.size] = slots
         self.free_count += slots.size
+        if self.free_count == self.capacity > _SHRINK_ABOVE:  # a big batch is done: give its slots back
+            self._reset(64)
 
     def owned_rows(self, slots: np.ndarray, row_slot: np.ndarray) -> np.ndarray:
         """Owner rows of in-use ``slots`` whose row still points back at the slot
