@@ -429,6 +429,7 @@ def test_follows_a_real_primary(tmp_path: Path) -> None:
     w.flush()
     sb = standby(FileOpLogStore(tmp_path), clocks)
     sb.poll()
+    sb.master.verify()
     assert canonical(sb.master) == canonical(p)
     assert sb.master.object_info("hard").hard_pinned and sb.master.object_info("soft").soft_pin_enabled
 
@@ -449,6 +450,7 @@ def test_killed_primary_no_durable_remove_resurrects_every_durable_put_end_survi
     del p, w  # killed: the tail is never flushed
     sb = standby(FileOpLogStore(tmp_path), clocks)
     m = sb.promote(timeout_s=1.0)
+    m.verify()
     keys = set(keys_of(m))
     assert not keys & removed_durable
     assert durable_puts <= keys
@@ -578,6 +580,8 @@ def test_oplog_state_machine_standby_equals_primary_minus_deadlines(tmp_path_fac
     assert sb.applied_sequence_id == w.durable_prefix
     assert canonical(sb.master) == canonical(p)
     assert segments_of(sb.master) == segments_of(p)
+    sb.master.verify()
+    p.verify()
 
 
 def test_background_follower_applies_new_batches_until_stopped(tmp_path):
