@@ -1,0 +1,65 @@
+"""The engine's self-check: every structural invariant of a MasterService, in columnar passes.
+
+:func:`verify_engine` runs one check after another and raises :class:`EngineInvariantError` on
+the first violation (``.check`` is a stable id, the message names the offending segment, row or
+key). Every per-row pass is a Numba kernel or a vectorised NumPy expression; Python loops only
+over segments, tenants and group codes (few).
+
+Checks, in order:
+
+* ``segment_registry``: ``by_name``/``info`` agree; unmounted codes hold no allocator state.
+* ``live_count``, ``free_rows``: LIVE rows below high_water == live_count; the free-row stack
+  is duplicate-free, below high_water, holds no LIVE row, and free + live == high_water.
+* ``replica_row``, ``replica_id``, ``replica_segment``, ``replica_extent``,
+  ``replica_alignment``: every in-use replica slot belongs to a LIVE row and has an id in
+  [1, next_replica_id); every in-use MEMORY slot (and every pending discarded extent) lies on a
+  mounted segment, inside its capacity, at an offset aligned to its allocation unit.
+* ``free_list``, ``extent_overlap``, ``free_overlap``, ``free_list_gap``, ``segment_used``:
+  each segment's free list is sorted, non-empty, coalesced and inside capacity; held extents
+  (ak.held_end rule, discarded ones included) do not overlap each other or free space; on an
+  allocatable segment free + held tile the whole capacity and ``used`` is the held sum. A
+  mounted segment that takes no allocations (a standby's, or a promoted or unreadably restored
+  one awaiting its remount) keeps an allocator nobody maintains: oplog apply places replicas
+  without allocating (ha.apply), frees skip it (objects.clear_slots), and the remount rebuilds
+  it from the replicas (recovery). There only its own shape, ``used + free == capacity`` and
+  the no-overlap rule among held extents hold.
+* ``index_count``, ``index_slot``, ``key_ref``, ``index_lookup``: the key index holds exactly
+  live_count entries, each pointing at a LIVE row, and every LIVE row is found by its own key
+  (hashing.find_row's answer, checked as one sequential pass over the table: see _scan_index).
+* ``inflight_slots``, ``inflight_row``, ``inflight_claim``: the InflightTable's free stack is
+  the exact complement of its in-use slots, and only in-use slots name an owner row; a LIVE row
+  holds a slot iff it is PROCESSING, the slot is in use and names it as owner, and every
+  in-use slot is held by exactly one LIVE row; a free row holds none (release_rows drops it).
+* ``group_member``, ``group_link``, ``group_head``: grouped LIVE rows form one circular
+  ``group_next`` list per group code, members share the code and FLAG_GROUPED, ungrouped LIVE
+  rows point at themselves, ``group_head[g]`` is a member of g or -1 for an empty group.
+* ``tenant_ledger`` (multi-tenant mode): pending/committed equal a from-scratch charge of every
+  LIVE row (quota.TenantLedger.charge).
+* ``replica_id_unique``: no replica id is used twice.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .extents import _check_allocators, _check_slots
+from .key_index import _check_key_index
+from .rows import (_check_groups, _check_inflight, _check_ledger, _check_replica_ids, _check_rows,
+                   _check_segment_registry)
+
+if TYPE_CHECKING:
+    from ..master import MasterService
+
+
+# ================================================================================ entry point
+def verify_engine(m: "MasterService") -> None:
+    """Raise EngineInvariantError naming the first broken invariant (caller holds the lock)."""
+    _check_segment_registry(m)
+    _check_rows(m)
+    ascending = _check_slots(m)
+    _check_allocators(m, ascending)
+    _check_key_index(m)
+    _check_inflight(m)
+    _check_groups(m)
+    _check_ledger(m)
+    _check_replica_ids(m)
+

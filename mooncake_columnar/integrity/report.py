@@ -1,0 +1,46 @@
+"""Shared by the checks: the error, readable names of rows and segments, constants."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import EngineInvariantError
+from ..kernels import hashing as hk
+from ..schema import FLAG_LIVE, KIND_MEMORY, ReplicaStatus
+
+if TYPE_CHECKING:
+    from ..master import MasterService
+
+_MEM = int(KIND_MEMORY)
+_ST_PROCESSING = int(ReplicaStatus.PROCESSING)
+_ST_COMPLETE = int(ReplicaStatus.COMPLETE)
+_ROW_MASK = np.int64(0xFFFFFFFF)
+_INT64_MAX = np.int64(2**63 - 1)
+_CHUNKS = 64  # parallel kernels split rows into this many chunks (first violation: lowest chunk)
+
+
+def _fail(check: str, message: str) -> None:
+    raise EngineInvariantError(check, message)
+
+
+def _row_name(m: "MasterService", row: int) -> str:
+    """``row N (tenant T, key K)``; the key only when its reference is sane (never trusted)."""
+    o = m.objects
+    try:
+        ref, t = int(o.key_ref[row]), int(o.tenant[row])
+        off, ln = ref >> hk.KEY_LENGTH_BITS, ref & ((1 << hk.KEY_LENGTH_BITS) - 1)
+        if 0 <= off and off + ln <= m.keys.arena_used and 0 <= t < len(m.tenants):
+            key = bytes(m.keys.arena[off:off + ln]).decode("utf-8", "replace")
+            state = "" if o.flags[row] & FLAG_LIVE else "free "  # a free row's key is its last one
+            return f"{state}row {row} (tenant {m.tenants.name(t)!r}, key {key!r})"
+    except (IndexError, ValueError):
+        pass
+    return f"row {row}"
+
+
+def _seg_name(m: "MasterService", code: int) -> str:
+    info = m.segments.info
+    return f"segment {info[code].name!r} (code {code})" if 0 <= code < len(info) and info[code] else \
+        f"segment code {code}"
+

@@ -1,0 +1,300 @@
+"""Segment registry, free rows, in-flight slots, group lists, the tenant ledger, replica ids."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numba import njit
+
+from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
+from ..schema import FLAG_GROUPED, FLAG_LIVE
+
+from .report import _MEM, _ST_COMPLETE, _ST_PROCESSING, _fail, _row_name, _seg_name
+
+if TYPE_CHECKING:
+    from ..master import MasterService
+
+
+# ================================================================================ segments, rows
+def _check_segment_registry(m: "MasterService") -> None:
+    s = m.segments
+    for code, info in enumerate(s.info):  # one iteration per segment code
+        if info is None:
+            if s.used[code] or s.extent_counts[code] or s.allocatable[code]:
+                _fail("segment_registry", f"unmounted segment code {code} keeps allocator state")
+        elif s.by_name.get(info.name) != code or s.capacity[code] != info.size:
+            _fail("segment_registry", f"{_seg_name(m, code)}: name index or capacity disagrees")
+    if len(s.by_name) != sum(i is not None for i in s.info):
+        _fail("segment_registry", "segment name index holds unmounted names")
+
+
+@njit(cache=True, nogil=True)
+def _check_free_stack(free_rows, free_count, hw, flags):
+    """(0, -1) or (problem, stack position): 1 out of range, 2 LIVE, 3 listed twice."""
+    seen = np.zeros(hw, np.bool_)
+    for i in range(free_count):
+        r = free_rows[i]
+        if r < 0 or r >= hw:
+            return 1, i
+        if is_live(flags[r]):
+            return 2, i
+        if seen[r]:
+            return 3, i
+        seen[r] = True
+    return 0, -1
+
+
+def _check_rows(m: "MasterService") -> None:
+    o = m.objects
+    hw = o.high_water
+    live = int(np.count_nonzero(o.flags[:hw] & FLAG_LIVE))
+    if live != o.live_count:
+        _fail("live_count", f"{live} LIVE rows below high_water {hw}, live_count is {o.live_count}")
+    if not 0 <= o.free_count <= o.free_rows.size:
+        _fail("free_rows", f"free_count {o.free_count} outside the free stack of {o.free_rows.size}")
+    problem, at = _check_free_stack(o.free_rows, o.free_count, hw, o.flags)
+    if problem:
+        r = int(o.free_rows[at])
+        what = {1: f"row {r} is outside [0, high_water {hw})", 2: f"{_row_name(m, r)} is LIVE",
+                3: f"row {r} is listed twice"}[problem]
+        _fail("free_rows", f"free stack position {at}: {what}")
+    if o.free_count + o.live_count != hw:
+        _fail("free_rows", f"free_count {o.free_count} + live_count {o.live_count} != high_water {hw}")
+
+
+# ================================================================================ in-flight
+@njit(cache=True, nogil=True)
+def _claim_slots(hw, flags, inflight, in_use, owner, claims):
+    """Count the LIVE rows holding each in-flight slot. (0, -1) or (problem, row): 1 PROCESSING
+    without a slot, 2 slot out of range, 3 a slot without PROCESSING, 4 the slot is free,
+    5 a second row claims the slot, 6 the slot names another owner row, 7 a freed row keeps a
+    slot (release_rows drops it, so background work can never reach a freed row)."""
+    cap = in_use.shape[0]
+    for r in range(hw):
+        f = flags[r]
+        slot = inflight[r]
+        if not is_live(f):
+            if slot != -1:
+                return 7, r
+            continue
+        if slot == -1:
+            if is_put_in_flight(f):
+                return 1, r
+            continue
+        if slot < 0 or slot >= cap:
+            return 2, r
+        if not is_put_in_flight(f):
+            return 3, r
+        if not in_use[slot]:
+            return 4, r
+        claims[slot] += 1
+        if claims[slot] > 1:
+            return 5, r
+        if owner[slot] != r:
+            return 6, r
+    return 0, -1
+
+
+def _check_inflight_table(m: "MasterService") -> None:
+    """The InflightTable's own bookkeeping: its free stack is the exact complement of the in-use
+    slots, and only in-use slots name an owner row."""
+    t = m.inflight
+    cap = t.in_use.size
+    if not 0 <= t.free_count <= min(cap, t.free_slots.size):
+        _fail("inflight_slots", f"free_count {t.free_count} outside [0, capacity {cap}]")
+    free = t.free_slots[:t.free_count]
+    if free.size and (free.min() < 0 or free.max() >= cap):
+        _fail("inflight_slots", f"free slot stack holds a slot outside [0, {cap})")
+    if t.in_use[free].any():
+        _fail("inflight_slots", f"slot {int(free[t.in_use[free]][0])} is both free and in use")
+    if np.bincount(free, minlength=1).max() > 1:
+        _fail("inflight_slots", f"slot {int(np.argmax(np.bincount(free)))} is on the free stack twice")
+    in_use = int(np.count_nonzero(t.in_use))
+    if in_use + t.free_count != cap:
+        _fail("inflight_slots", f"{in_use} in-use + {t.free_count} free slots != capacity {cap}")
+    stray = np.flatnonzero(~t.in_use & (t.row[:cap] != -1))
+    if stray.size:
+        _fail("inflight_slots", f"free slot {int(stray[0])} still names owner row {int(t.row[stray[0]])}")
+
+
+def _check_inflight(m: "MasterService") -> None:
+    t, o = m.inflight, m.objects
+    _check_inflight_table(m)
+    cap = t.in_use.size
+    claims = np.zeros(cap, np.int32)
+    problem, r = _claim_slots(o.high_water, o.flags, o.inflight, t.in_use, t.row, claims)
+    if problem:
+        slot = int(o.inflight[r])
+        what = {1: "is PROCESSING without an in-flight slot", 2: f"points at slot {slot} (out of range)",
+                3: f"holds in-flight slot {slot} but is not PROCESSING",
+                4: f"points at free in-flight slot {slot}",
+                5: f"claims in-flight slot {slot}, which another LIVE row already holds",
+                6: f"claims in-flight slot {slot}, whose owner is row {int(t.row[max(slot, 0)])}",
+                7: f"is free but keeps in-flight slot {slot}"}[problem]
+        _fail("inflight_claim" if problem in (5, 6) else "inflight_row", f"{_row_name(m, r)} {what}")
+    orphan = np.flatnonzero(t.in_use & (claims == 0))
+    if orphan.size:
+        s = int(orphan[0])
+        _fail("inflight_claim", f"in-flight slot {s} is in use (owner row {int(t.row[s])}) but no LIVE row "
+                                f"holds it")
+
+
+# ================================================================================ groups
+@njit(cache=True, nogil=True)
+def _link_pass(hw, flags, group, group_next, n_groups, members, indegree):
+    """Per LIVE row: a grouped row's code is known and its successor is a LIVE member of the
+    same group; an ungrouped row points at itself. Counts members and predecessors.
+    (0, -1) or (problem, row): 1 bad code, 2 successor outside the group, 3 ungrouped not self."""
+    for r in range(hw):
+        f = flags[r]
+        if not is_live(f):
+            continue
+        nxt = np.int64(group_next[r])
+        if not is_grouped(f):
+            if nxt != r:
+                return 3, r
+            continue
+        g = group[r]
+        if g < 0 or g >= n_groups:
+            return 1, r
+        if nxt < 0 or nxt >= hw:
+            return 2, r
+        fn = flags[nxt]
+        if not is_live(fn) or not is_grouped(fn) or group[nxt] != g:
+            return 2, r
+        members[g] += 1
+        indegree[nxt] += 1
+    return 0, -1
+
+
+@njit(cache=True, nogil=True)
+def _walk_groups(group_head, group_next, flags, group, members, hw):
+    """(0, -1) or (problem, group code): 1 head invalid, 2 the members are not one cycle.
+    group_next is a permutation of the grouped rows here, so a walk from the head returns to it."""
+    for g in range(group_head.shape[0]):
+        h = group_head[g]
+        if g >= members.shape[0] or members[g] == 0:
+            if h != -1:
+                return 1, g
+            continue
+        if h < 0 or h >= hw:
+            return 1, g
+        if not is_live(flags[h]) or not is_grouped(flags[h]) or group[h] != g:
+            return 1, g
+        n = 1
+        r = np.int64(group_next[h])
+        while r != h:
+            n += 1
+            r = np.int64(group_next[r])
+        if n != members[g]:
+            return 2, g
+    return 0, -1
+
+
+def _check_groups(m: "MasterService") -> None:
+    o = m.objects
+    hw = o.high_water
+    n_groups = len(m._group_names)
+    if len(m.groups) != n_groups or m.group_head.size < n_groups:
+        _fail("group_head", f"{len(m.groups)} group codes, {n_groups} names, {m.group_head.size} heads")
+    members = np.zeros(max(1, n_groups), np.int64)
+    indegree = np.zeros(hw, np.int32)
+    problem, r = _link_pass(hw, o.flags, o.group, o.group_next, n_groups, members, indegree)
+    if problem:
+        what = {1: f"has unknown group code {int(o.group[r])}",
+                2: f"links to row {int(o.group_next[r])}, not a LIVE member of its group {int(o.group[r])}",
+                3: f"is ungrouped but links to row {int(o.group_next[r])}"}[problem]
+        _fail("group_member" if problem < 3 else "group_link", f"{_row_name(m, r)} {what}")
+    grouped = (o.flags[:hw] & (FLAG_LIVE | FLAG_GROUPED)) == (FLAG_LIVE | FLAG_GROUPED)
+    bad = np.flatnonzero(grouped & (indegree != 1))
+    if bad.size:
+        r = int(bad[0])
+        _fail("group_link", f"{_row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
+    problem, g = _walk_groups(m.group_head, o.group_next, o.flags, o.group, members[:n_groups], hw)
+    if problem:
+        name = m._group_names[g] if g < n_groups else "?"
+        what = (f"head {int(m.group_head[g])} is not a LIVE member" if problem == 1
+                else f"the {int(members[g])} members are not one circular list")
+        _fail("group_head" if problem == 1 else "group_link", f"group {g} ({name!r}): {what}")
+
+
+# ================================================================================ ledger, ids
+@njit(cache=True, nogil=True)
+def _ledger_sums(hw, flags, tenant, size, status, kind, n_tenants):
+    """quota.TenantLedger.charge over every LIVE row: (pending, committed, bad row or -1)."""
+    pending = np.zeros(n_tenants, np.int64)
+    committed = np.zeros(n_tenants, np.int64)
+    for r in range(hw):
+        if not is_live(flags[r]):
+            continue
+        t = tenant[r]
+        if t < 0 or t >= n_tenants:
+            return pending, committed, r
+        for j in range(status.shape[1]):
+            if kind[r, j] != _MEM:
+                continue
+            if status[r, j] == _ST_PROCESSING:
+                pending[t] += size[r]
+            elif status[r, j] == _ST_COMPLETE:
+                committed[t] += size[r]
+    return pending, committed, -1
+
+
+def _check_ledger(m: "MasterService") -> None:
+    if not m.config.enable_multi_tenants:
+        return
+    o, ledger = m.objects, m.ledger
+    n = max(len(m.tenants), ledger.pending.size, ledger.committed.size)
+    pending, committed, r = _ledger_sums(o.high_water, o.flags, o.tenant, o.size_bytes, o.replica_status,
+                                         o.replica_kind, n)
+    if r >= 0:
+        _fail("tenant_ledger", f"row {r} has unknown tenant code {int(o.tenant[r])}")
+    for name, want in (("pending", pending), ("committed", committed)):
+        have = np.zeros(n, np.int64)
+        got = getattr(ledger, name)
+        have[:got.size] = got
+        bad = np.flatnonzero(have != want)
+        if bad.size:
+            t = int(bad[0])
+            who = repr(m.tenants.name(t)) if t < len(m.tenants) else f"code {t}"
+            _fail("tenant_ledger", f"tenant {who}: {name} is {int(have[t])}, its LIVE rows hold {int(want[t])}")
+
+
+@njit(cache=True, nogil=True)
+def _first_duplicate_id(hw, status, rep_id, words):
+    """(row, slot) of the first in-use slot whose id an earlier slot already has, via a bitmap
+    over [0, next id) (ids were range-checked by _slot_pass), or (-1, -1)."""
+    seen = np.zeros(words, np.uint64)
+    for r in range(hw):
+        for j in range(status.shape[1]):
+            if status[r, j] == 0:
+                continue
+            i = rep_id[r, j]
+            w = np.int64(i >> np.uint64(6))
+            b = np.uint64(1) << (i & np.uint64(63))
+            if seen[w] & b:
+                return r, j
+            seen[w] |= b
+    return -1, -1
+
+
+def _check_replica_ids(m: "MasterService") -> None:
+    o = m.objects
+    hw = o.high_water
+    in_use = int(np.count_nonzero(o.replica_status[:hw]))
+    if m.next_replica_id <= 64 * (in_use + (1 << 20)):  # a bitmap of at most ~8 bytes per replica
+        r, j = _first_duplicate_id(hw, o.replica_status, o.replica_id, (m.next_replica_id + 63) // 64)
+        if r < 0:
+            return
+    else:  # ids spread far wider than the replicas: sort instead
+        ids = o.replica_id[:hw][o.replica_status[:hw] != 0]
+        ids.sort()
+        dup = np.flatnonzero(ids[1:] == ids[:-1])
+        if not dup.size:
+            return
+        hit = (o.replica_id[:hw] == ids[dup[0]]) & (o.replica_status[:hw] != 0)
+        r, j = (int(x[0]) for x in np.nonzero(hit))
+    _fail("replica_id_unique", f"{_row_name(m, int(r))} slot {int(j)}: replica id {int(o.replica_id[r, j])} "
+                               f"is used twice")
+
+
