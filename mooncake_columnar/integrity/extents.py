@@ -194,6 +194,21 @@ def _finish(capacity, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, st
             _record(err, _T_GAP, s, state[s, _CURSOR])
 
 
+@njit(inline="always", cache=True)
+def _visit(s, o, e, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state, allocatable, err):
+    """One held extent [o, e) of segment ``s`` in the tiling walk (extents come in start order)."""
+    if state[s, _NEXT] <= o:
+        state[s, _NEXT] = _advance(s, o, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds,
+                                   state, allocatable, err)
+    cursor = state[s, _CURSOR]
+    k, state[s, _CURSOR] = _step(o, e, cursor, state[s, _AFTER_FREE] != 0, allocatable[s])
+    if k >= 0:
+        _record(err, k, s, cursor if k == _T_GAP else o)
+    if e > cursor:
+        state[s, _AFTER_FREE] = 0
+    state[s, _HELD] += e - o
+
+
 @njit(cache=True, nogil=True)
 def _tile_rows(hw, status, kind, seg, off, size, unit_bits, capacity, allocatable,
                f_off, f_end, f_bounds, d_off, d_end, d_bounds, state):
@@ -210,17 +225,8 @@ def _tile_rows(hw, status, kind, seg, off, size, unit_bits, capacity, allocatabl
                 continue
             s = np.int64(seg[r, j])
             o = off[r, j]
-            e = ak.held_end(o, size[r], unit_bits[s], capacity[s])
-            if state[s, _NEXT] <= o:
-                state[s, _NEXT] = _advance(s, o, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds,
-                                           state, allocatable, err)
-            cursor = state[s, _CURSOR]
-            k, state[s, _CURSOR] = _step(o, e, cursor, state[s, _AFTER_FREE] != 0, allocatable[s])
-            if k >= 0:
-                _record(err, k, s, cursor if k == _T_GAP else o)
-            if e > cursor:
-                state[s, _AFTER_FREE] = 0
-            state[s, _HELD] += e - o
+            _visit(s, o, ak.held_end(o, size[r], unit_bits[s], capacity[s]), f_off, f_end, fi, f_bounds,
+                   d_off, d_end, di, d_bounds, state, allocatable, err)
     _finish(capacity, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state, allocatable, err)
     return err
 
@@ -264,18 +270,8 @@ def _tile_sorted(starts, ends, bounds, capacity, allocatable, f_off, f_end, f_bo
     err = np.full((3, 2), -1, np.int64)
     for s in range(n):
         for i in range(bounds[s], bounds[s + 1]):
-            o = starts[i]
-            e = ends[i]
-            if state[s, _NEXT] <= o:
-                state[s, _NEXT] = _advance(s, o, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds,
-                                           state, allocatable, err)
-            cursor = state[s, _CURSOR]
-            k, state[s, _CURSOR] = _step(o, e, cursor, state[s, _AFTER_FREE] != 0, allocatable[s])
-            if k >= 0:
-                _record(err, k, s, cursor if k == _T_GAP else o)
-            if e > cursor:
-                state[s, _AFTER_FREE] = 0
-            state[s, _HELD] += e - o
+            _visit(s, starts[i], ends[i], f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state,
+                   allocatable, err)
     _finish(capacity, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state, allocatable, err)
     return err
 
