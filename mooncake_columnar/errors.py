@@ -280,3 +280,12 @@ class SnapshotPublishError(MooncakeError):
     def __init__(self, message: str, failed: tuple[str, ...] = ()):
         self.failed = failed
         super().__init__(message)
+
+
+class SnapshotStorageUnavailable(SnapshotError):
+    """The snapshot storage (a local directory or S3) could not be reached or answered an I/O
+    error other than "not found" within the repository's timeout; nothing about any snapshot's
+    content is known. A restore raises it instead of falling back to an older candidate (which
+    would restore stale state only because the storage was flaky)."""
+
+    code = ErrorCode.PERSISTENT_FAIL

@@ -4,7 +4,9 @@
 ``<cluster_id>/``) or ``s3://bucket/prefix?endpoint_override=...``.
 
 Exit codes: 0 success; 1 a snapshot failed verification or cannot be inspected; 2 usage or
-repository errors (unreachable URI, no snapshot to look at).
+repository errors (unreachable URI or storage, an invalid cluster or snapshot id, no snapshot to
+look at). Snapshot ids given on the command line are checked by the repository's one path check
+(:func:`~.snapshots.repository.check_path_part`): nothing outside the cluster directory is read.
 """
 from __future__ import annotations
 
@@ -54,26 +56,53 @@ def _iso(system_ns: int) -> str:
 def _open_repo(args: argparse.Namespace):
     from .snapshots.repository import SnapshotRepository
     try:
-        return SnapshotRepository(args.uri, cluster_id=args.cluster_id)
+        return SnapshotRepository(args.uri, cluster_id=args.cluster_id,
+                                  timeout_s=getattr(args, "timeout_s", None) or 5.0)
     except Exception as e:  # pyarrow raises several types for bad URIs; report them all the same
         raise _UsageError(f"cannot open {args.uri!r}: {type(e).__name__}: {e}") from None
 
 
+def _check_id(snapshot_id: str) -> str:
+    """A snapshot id from the command line, through the repository's one path check."""
+    from .errors import InvalidParams
+    from .snapshots.repository import check_path_part
+    try:
+        return check_path_part("snapshot_id", snapshot_id)
+    except InvalidParams as e:
+        raise _UsageError(str(e)) from None
+
+
+def _storage_error(uri: str, e: Exception) -> _UsageError:
+    return _UsageError(f"cannot read {uri!r}: {type(e).__name__}: {e}")
+
+
 def _manifest_summary(repo, snapshot_id: str) -> dict[str, Any]:
+    from .errors import ManifestError, SnapshotError, SnapshotStorageUnavailable
     from .snapshots.manifest import parse_manifest
+    row: dict[str, Any] = {"snapshot_id": snapshot_id, "format": None}
+    notes: list[str] = []
     try:
-        raw = repo.read_manifest(snapshot_id)
-    except Exception:
-        return {"snapshot_id": snapshot_id, "format": None, "status": "no manifest (unpublished)"}
-    try:
-        m = parse_manifest(raw)
-    except Exception as e:
-        return {"snapshot_id": snapshot_id, "format": None, "status": f"invalid manifest: {e}"}
-    return {"snapshot_id": snapshot_id, "format": f"{m.tag}|{m.version}", "status": "published"}
+        raw = repo.read_manifest(snapshot_id, notes=notes)
+    except SnapshotStorageUnavailable:
+        raise
+    except ManifestError as e:
+        return {**row, "status": f"invalid manifest: {e}"}
+    except SnapshotError as e:
+        missing = "does not exist" in str(e)
+        return {**row, "status": "no manifest (unpublished)" if missing else f"unreadable manifest: {e}"}
+    fields = raw.decode("ascii").split("|")
+    row["format"] = f"{fields[0]}|{fields[1]}"
+    reason = repo.unpublished_reason(snapshot_id)
+    if reason is not None:
+        return {**row, "status": f"unpublished: {reason}"}
+    if fields[0] in ("arrow-ipc", "messagepack") and parse_manifest(raw).unchecked_clock_pair:
+        return {**row, "status": "published, manifest without checksum (clock pair unchecked)"}
+    return {**row, "status": "published"}
 
 
 # ---- ls -------------------------------------------------------------------------------------------
 def _cmd_ls(args: argparse.Namespace) -> int:
+    from .errors import SnapshotStorageUnavailable
     repo = _open_repo(args)
     try:
         ids, latest = repo.list(), repo.latest()
@@ -81,7 +110,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         raise _UsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
     rows = []
     for sid in ids:
-        row = _manifest_summary(repo, sid)
+        try:
+            row = _manifest_summary(repo, sid)
+        except SnapshotStorageUnavailable as e:
+            raise _storage_error(args.uri, e) from None
         row["latest"] = sid == latest
         rows.append(row)
     if args.json:
@@ -100,15 +132,19 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 # ---- inspect ----------------------------------------------------------------------------------------
 def _pick(repo, snapshot_id: str | None) -> str:
+    """The id asked for (checked), else what a restore tries first: the one latest.txt names, or
+    (latest.txt absent, malformed or dangling: said on stderr) the newest listed one."""
     if snapshot_id is not None:
-        return snapshot_id
-    latest = repo.latest()
-    if latest is not None:
-        return latest
-    ids = repo.list()
-    if not ids:
+        return _check_id(snapshot_id)
+    try:
+        plan = repo.candidate_plan()
+    except Exception as e:
+        raise _UsageError(f"cannot list {repo.base!r}: {type(e).__name__}: {e}") from None
+    if not plan.ids:
         raise _UsageError(f"no snapshots under {repo.base}")
-    return ids[0]
+    for note in plan.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return plan.ids[0]
 
 
 def remaining_distribution(remaining_ns: np.ndarray) -> dict[str, Any]:
@@ -137,6 +173,10 @@ def remaining_distribution(remaining_ns: np.ndarray) -> dict[str, Any]:
 def _inspect(repo, snapshot_id: str, at_system_ns: int) -> dict[str, Any]:
     from .snapshots.complete import cleanup_state, decode_candidate
     state, manifest, _ = decode_candidate(repo, snapshot_id, _FixedClocks(at_system_ns))
+    text = repo.read_manifest(snapshot_id).decode("ascii")
+    checksum = None
+    if manifest.is_v2 and manifest.checksummed:  # verified by the parse: shown apart from the fields
+        text, checksum = text.rsplit("|", 1)
     objects = state.objects
     lease = objects.column("lease_deadline_ns").to_numpy()        # = remaining (C1 = 0)
     soft = objects.column("soft_pin_deadline_ns").to_numpy()
@@ -146,7 +186,8 @@ def _inspect(repo, snapshot_id: str, at_system_ns: int) -> dict[str, Any]:
     info: dict[str, Any] = {
         "snapshot_id": snapshot_id,
         "latest": snapshot_id == repo.latest(),
-        "manifest": repo.read_manifest(snapshot_id).decode("ascii"),
+        "manifest": text,  # the manifest's fields, without its checksum field
+        "manifest_checksum": checksum,  # "sha256:...", verified; None: v1, or v2 without one
         "format": f"{manifest.tag}|{manifest.version}",
         "system_now_ns": manifest.system_now_ns,
         "steady_now_ns": manifest.steady_now_ns,
@@ -170,6 +211,10 @@ def _print_inspect(info: dict[str, Any]) -> None:
     latest = " (latest)" if info["latest"] else ""
     print(f"snapshot      {info['snapshot_id']}{latest}")
     print(f"manifest      {info['manifest']}")
+    if info["manifest_checksum"] is not None:
+        print(f"checksum      {info['manifest_checksum']} (verified)")
+    elif info["system_now_ns"] is not None:
+        print("checksum      none: written before manifest checksums, the clock pair is unchecked")
     print(f"format        {info['format']}")
     if info["system_now_ns"] is not None:
         print(f"clock pair    system_now_ns={info['system_now_ns']} ({_iso(info['system_now_ns'])})  "
@@ -194,11 +239,14 @@ def _print_inspect(info: dict[str, Any]) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .errors import SnapshotStorageUnavailable
     repo = _open_repo(args)
     snapshot_id = _pick(repo, args.snapshot_id)
     at = MonotonicClocks().system_ns() if args.at_system_ns is None else args.at_system_ns
     try:
         info = _inspect(repo, snapshot_id, at)
+    except SnapshotStorageUnavailable as e:
+        raise _storage_error(args.uri, e) from None
     except Exception as e:
         print(f"cannot inspect snapshot {snapshot_id}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_BAD_SNAPSHOT
@@ -222,11 +270,18 @@ def verify_snapshot(repo, snapshot_id: str, at_system_ns: int) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from .errors import SnapshotStorageUnavailable
     repo = _open_repo(args)
-    try:
-        ids = list(args.snapshot_id) if args.snapshot_id else repo.candidates()
-    except Exception as e:
-        raise _UsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
+    if args.snapshot_id:
+        ids = [_check_id(sid) for sid in args.snapshot_id]
+    else:
+        try:
+            plan = repo.candidate_plan()
+        except Exception as e:
+            raise _UsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
+        ids = plan.ids
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
     if not ids:
         raise _UsageError(f"no snapshots to verify under {repo.base}")
     at = MonotonicClocks().system_ns() if args.at_system_ns is None else args.at_system_ns
@@ -234,6 +289,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for sid in ids:
         try:
             verify_snapshot(repo, sid, at)
+        except SnapshotStorageUnavailable as e:
+            raise _storage_error(args.uri, e) from None
         except Exception as e:
             results.append({"snapshot_id": sid, "ok": False, "error": f"{type(e).__name__}: {e}"})
         else:
@@ -266,6 +323,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-id", default=DEFAULT_CLUSTER_ID,
                    help=f"cluster directory under the root (default {DEFAULT_CLUSTER_ID})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeout-s", type=float, default=5.0,
+                   help="S3 connect/request timeout in seconds (default 5)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -8,7 +8,8 @@ judged. Every object is kept (no expired-object cleanup) so the check covers all
 ``--drop-expired`` applies the restore's default cleanup instead.
 
 Exit codes: 0 the engine passes; 1 the snapshot does not restore or breaks an invariant;
-2 usage or repository errors (as ``snapshot``).
+2 usage or repository errors (as ``snapshot``: an invalid ``--snapshot`` id such as ``../x``,
+unreachable storage).
 """
 from __future__ import annotations
 
@@ -17,14 +18,22 @@ import json
 import time
 from typing import Any
 
-from .snapshot_cli import EXIT_BAD_SNAPSHOT, EXIT_OK, _common, _open_repo, _pick, _run
+from .snapshot_cli import (
+    EXIT_BAD_SNAPSHOT,
+    EXIT_OK,
+    _common,
+    _open_repo,
+    _pick,
+    _run,
+    _storage_error,
+)
 
 
 def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False) -> dict[str, Any]:
     """Restore ``snapshot_id`` into a MasterService and self-check it; a result dict with
     ``ok``, ``objects`` and, on failure, ``check`` (the invariant id, or ``restore``) and ``error``."""
     from .clock import MonotonicClocks
-    from .errors import EngineInvariantError
+    from .errors import EngineInvariantError, SnapshotStorageUnavailable
     from .master import MasterService
     from .snapshots.complete import cleanup_state, decode_candidate
 
@@ -36,6 +45,8 @@ def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False
         state, _, now_ns = decode_candidate(repo, snapshot_id, clocks, check_unique_keys=False)
         state, _ = cleanup_state(state, now_ns, drop_expired)
         m = MasterService.from_state(state, clocks=clocks, segments_readable=True, validated=True)
+    except SnapshotStorageUnavailable:
+        raise  # the storage, not the snapshot: a repository error
     except Exception as e:  # the candidate a restore would reject before any self-check
         out.update(check="restore", error=f"{type(e).__name__}: {e}")
         return out
@@ -52,9 +63,13 @@ def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from .errors import SnapshotStorageUnavailable
     repo = _open_repo(args)
-    snapshot_id = _pick(repo, args.snapshot)
-    result = verify_snapshot_engine(repo, snapshot_id, drop_expired=args.drop_expired)
+    snapshot_id = _pick(repo, args.snapshot)  # a given id passes the repository's path check
+    try:
+        result = verify_snapshot_engine(repo, snapshot_id, drop_expired=args.drop_expired)
+    except SnapshotStorageUnavailable as e:
+        raise _storage_error(args.uri, e) from None
     if args.json:
         print(json.dumps(result))
     elif result["ok"]:

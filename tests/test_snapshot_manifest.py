@@ -1,6 +1,8 @@
 """Manifest parsing/encoding and clock-domain conversion (RFC Phase 2 adapter, Phase 3 mapping)."""
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -32,9 +34,11 @@ snapshot_ids = st.builds(lambda d: f"{d[:8]}_{d[8:14]}_{d[14:]}",
 def test_phase3_v2_manifest_round_trip() -> None:
     m = v2_manifest(SID, 1_796_019_911_535_000_000, -42)
     text = m.encode()
-    assert text == f"arrow-ipc|2.0.0|{SID}|1796019911535000000|-42"
+    fields = f"arrow-ipc|2.0.0|{SID}|1796019911535000000|-42"
+    # the sixth field checksums the five before it (tag, version, id, clock pair)
+    assert text == f"{fields}|sha256:{hashlib.sha256(fields.encode()).hexdigest()}"
     assert parse_manifest(text) == m and parse_manifest(text.encode()) == m
-    assert m.is_v2
+    assert m.is_v2 and parse_manifest(text).checksummed
 
 
 def test_phase3_v1_manifest_accepted() -> None:

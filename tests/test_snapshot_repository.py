@@ -50,24 +50,31 @@ def _v1m(sid: str) -> str:
     return f"messagepack|1.0.0|{sid}"
 
 
+def _v1p(metadata: bytes = b"m") -> dict[str, bytes]:
+    """Every upstream v1 payload: a v1 snapshot missing one is not published."""
+    return {"metadata": metadata, "segments": b"", "task_manager": b"t"}
+
+
 # ---- repository contract ------------------------------------------------------------------------
 def test_repository_contract(repo: SnapshotRepository) -> None:
     assert repo.list() == [] and repo.latest() is None and repo.candidates() == []
-    repo.publish(A, {"metadata": b"m" * 1000, "segments": b""}, _v1m(A))
-    repo.publish(B, {"metadata": b"n"}, _v1m(B))
+    repo.publish(A, _v1p(b"m" * 1000), _v1m(A))
+    repo.publish(B, _v1p(b"n"), _v1m(B))
     assert repo.list() == [B, A] and repo.latest() == B and repo.candidates() == [B, A]
     files = repo.read(A)
     assert files.manifest == _v1m(A).encode()
-    assert files.payloads == {"metadata": b"m" * 1000, "segments": b""}
+    assert files.payloads == _v1p(b"m" * 1000)
     with pytest.raises(SnapshotPublishError):  # published snapshots are immutable
         repo.publish(A, {"metadata": b"x"}, _v1m(A))
-    with pytest.raises(SnapshotPayloadError):
+    with pytest.raises(SnapshotPayloadError):  # a payload name A does not hold
+        repo.read_payloads(A, ("digest.json",))
+    with pytest.raises(InvalidParams):  # not a payload name at all
         repo.read_payloads(A, ("nope",))
     with pytest.raises(InvalidParams):
         repo.publish("2026", {"a": b""}, _v1m(A))
     with pytest.raises(InvalidParams):
         repo.publish(C, {MANIFEST_FILE: b""}, _v1m(C))
-    repo.publish(C, {"metadata": b"o"}, _v1m(C))
+    repo.publish(C, _v1p(b"o"), _v1m(C))
     assert repo.retain(2) == [A] and repo.list() == [C, B]
     with pytest.raises(InvalidParams):
         repo.retain(0)
@@ -75,10 +82,11 @@ def test_repository_contract(repo: SnapshotRepository) -> None:
 
 def test_candidates_follow_latest(repo: SnapshotRepository) -> None:
     for sid in (A, B, C):
-        repo.publish(sid, {"p": b"1"}, _v1m(sid))
+        repo.publish(sid, _v1p(), _v1m(sid))
     repo._put(repo._path(LATEST_FILE), f"{B}\n".encode())  # trimmed on read, like upstream
-    # C is newer than latest.txt: its publication never completed, so it is not a candidate.
-    assert repo.latest() == B and repo.candidates() == [B, A]
+    # C is newer than latest.txt but has its manifest, which is written after every payload: it
+    # is complete (only its latest.txt upload failed), so it is tried right after B, before A.
+    assert repo.latest() == B and repo.candidates() == [B, C, A]
     assert repo.retain(1) == [A]  # the newest (C) is kept by count and B because latest.txt names it
     repo._put(repo._path(LATEST_FILE), b"garbage")
     assert repo.latest() is None and repo.candidates() == [C, B]

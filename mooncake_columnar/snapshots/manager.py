@@ -8,7 +8,10 @@ this manager's single writer thread; apply retention.
 
 Restore: :func:`restore_master` runs :func:`restore_latest` (v2 and v1 candidates, newest first,
 whole-candidate fallback), then rebuilds the engine with ``MasterService.from_state``. No recovery
-TTL is granted: the converted historical deadlines stand.
+TTL is granted: the converted historical deadlines stand. A bad or dangling ``latest.txt`` falls
+back to the listed snapshots (``stats.notes`` says why); a storage error raises
+:class:`~mooncake_columnar.errors.SnapshotStorageUnavailable` rather than restoring an older
+candidate.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from ..clock import NS_PER_MS, Clocks
 from ..config import MasterConfig
-from ..errors import InvalidParams
+from ..errors import InvalidParams, NoUsableSnapshot, SnapshotStorageUnavailable
 from ..memory import FreeMemoryWarmer, prefault, warm_free_memory
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .arrow_codec import state_payloads
@@ -83,14 +86,17 @@ class SnapshotManager:
 
     ``write_v1=True`` publishes upstream's ``messagepack|1.0.0`` format instead of v2 (rollback to
     a v1-only master); both formats restore here. ``retention`` snapshots are kept (upstream
-    ``snapshot_retention_count``, which must be >= 1). ``prefault``: before writing to a local
+    ``snapshot_retention_count``, which must be >= 1) counting only published snapshots; an
+    unpublished directory (a crashed writer's) is deleted once idle for ``unpublished_grace_s``
+    (default: the repository's, 3600 s). ``prefault``: before writing to a local
     repository, fault fresh memory in from several threads (see :mod:`..memory`; a VM that
     hands freed memory back to its host otherwise faults every page cache page one at a time).
     """
 
     def __init__(self, master: "MasterService", repo: SnapshotRepository, *,
                  interval_s: float = 600, retention: int = 2, compression: str | None = None,
-                 write_v1: bool = False, prefault: bool = True) -> None:
+                 write_v1: bool = False, prefault: bool = True,
+                 unpublished_grace_s: float | None = None) -> None:
         if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or interval_s <= 0:
             raise InvalidParams(f"interval_s must be a positive number, got {interval_s!r}")
         if isinstance(retention, bool) or not isinstance(retention, int) or retention < 1:
@@ -99,6 +105,11 @@ class SnapshotManager:
             raise InvalidParams(f"compression must be one of {_COMPRESSIONS}, got {compression!r}")
         if write_v1 and compression is not None:
             raise InvalidParams("compression applies to v2 Arrow payloads only (v1 is always zstd)")
+        if unpublished_grace_s is not None and (
+                isinstance(unpublished_grace_s, bool) or not isinstance(unpublished_grace_s, (int, float))
+                or not 0 <= unpublished_grace_s < float("inf")):
+            raise InvalidParams(f"unpublished_grace_s must be a finite number >= 0, got {unpublished_grace_s!r}")
+        self.unpublished_grace_s = unpublished_grace_s
         self.master = master
         self.repo = repo
         self.interval_s = float(interval_s)
@@ -179,7 +190,7 @@ class SnapshotManager:
             self._release(buffers)
         metrics.set("snapshot_bytes", float(size + len(manifest)))
         try:
-            deleted = self.repo.retain(self.retention)
+            deleted = self.repo.retain(self.retention, unpublished_grace_s=self.unpublished_grace_s)
         except Exception:  # the snapshot itself is published and usable: only retention failed
             log.exception("snapshot retention failed after publishing %s", sid)
             metrics.inc("snapshot_retention_failure")
@@ -264,10 +275,55 @@ def primary_snapshot_manager(master: "MasterService", repo: SnapshotRepository, 
     return manager
 
 
+@dataclass
+class MasterRestoreStats(RestoreStats):
+    """:class:`RestoreStats` of :func:`restore_master`, plus ``notes``: why latest.txt was not
+    followed, and each manifest accepted without a checksum (written before manifest checksums)."""
+
+    notes: list[str] = field(default_factory=list)
+
+
+def _with_notes(stats: RestoreStats, notes: list[str]) -> MasterRestoreStats:
+    return MasterRestoreStats(**{f.name: getattr(stats, f.name) for f in fields(RestoreStats)},
+                              notes=list(notes))
+
+
+class _RestoreView:
+    """The repository as one restore sees it: the candidate order fixed once (with the reasons
+    latest.txt was not followed), manifest warnings collected, and storage errors remembered (the
+    candidate loop turns every exception into a fallback)."""
+
+    def __init__(self, repo: SnapshotRepository) -> None:
+        self._repo = repo
+        plan = repo.candidate_plan()
+        self.ids, self.notes = plan.ids, list(plan.notes)
+        self.storage_errors: list[SnapshotStorageUnavailable] = []
+
+    def candidates(self) -> list[str]:
+        return list(self.ids)
+
+    def read_manifest(self, snapshot_id: str) -> bytes:
+        try:
+            return self._repo.read_manifest(snapshot_id, notes=self.notes)
+        except SnapshotStorageUnavailable as e:
+            self.storage_errors.append(e)
+            raise
+
+    def read_payloads(self, snapshot_id: str, names: tuple[str, ...]):
+        try:
+            return self._repo.read_payloads(snapshot_id, names)
+        except SnapshotStorageUnavailable as e:
+            self.storage_errors.append(e)
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._repo, name)
+
+
 def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = None,
                    clocks: Clocks | None = None, snapshot_restore_drop_expired: bool = True,
                    drop_expired: bool | None = None, prefault: bool = True
-                   ) -> tuple["MasterService", RestoreStats]:
+                   ) -> tuple["MasterService", MasterRestoreStats]:
     """A MasterService rebuilt from the newest usable complete snapshot (v2 or v1).
 
     ``snapshot_restore_drop_expired`` (alias ``drop_expired``): drop non-hard-pinned objects whose
@@ -276,7 +332,12 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
     ``client_live_ttl_s``. A candidate whose engine fails the self-check (``MasterService.verify``)
     is rejected like any other (``stats.failures``). Raises
     :class:`~mooncake_columnar.errors.NoUsableSnapshot` (with
-    ``.stats``) when every candidate fails. ``prefault``: first fault in, from several threads,
+    ``.stats``) when every candidate fails. The stats are a :class:`MasterRestoreStats`: ``notes``
+    records why a bad or dangling latest.txt was passed over (the listed snapshots are then tried
+    newest first) and every manifest accepted without a checksum. A storage error (unreachable
+    S3, I/O error) raises :class:`~mooncake_columnar.errors.SnapshotStorageUnavailable`, also when
+    it hit only a newer candidate: restoring an older one because the storage was flaky would
+    silently lose state. ``prefault``: first fault in, from several threads,
     fresh memory for the engine and the decode (:mod:`..memory`), sized from the newest local
     candidate.
     """
@@ -290,8 +351,9 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
     clocks = clocks if clocks is not None else MonotonicClocks()
     t0 = time.perf_counter()
     warmer = None
+    view = _RestoreView(repo)  # lists the storage: an unreachable one raises here, typed
     if prefault and repo.is_local:
-        candidates = repo.candidates()
+        candidates = view.candidates()
         if candidates:  # the engine holds about the payload's bytes; decoding adds a third more
             # in the background while the candidate is decoded (mapped files: little allocation)
             warmer = FreeMemoryWarmer(repo.stored_bytes(candidates[0]) * 4 // 3)
@@ -308,15 +370,30 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         return master
 
     try:
-        master, manifest, stats = restore_latest_with(repo, clocks, build, snapshot_restore_drop_expired,
+        master, manifest, stats = restore_latest_with(view, clocks, build,  # type: ignore[arg-type]
+                                                      snapshot_restore_drop_expired,
                                                       build_checks_unique_keys=True)
+    except NoUsableSnapshot as e:
+        e.stats = _with_notes(e.stats, view.notes) if isinstance(e.stats, RestoreStats) else e.stats
+        if view.storage_errors:
+            raise SnapshotStorageUnavailable(
+                f"snapshot storage failed while reading candidates: {view.storage_errors[0]}") from e
+        raise
     finally:
         if warmer is not None:
             warmer.wait()
+    stats = _with_notes(stats, view.notes)
+    for note in view.notes:
+        log.warning("restore: %s", note)
+    if view.storage_errors:
+        raise SnapshotStorageUnavailable(
+            f"snapshot storage failed while reading a newer candidate ({view.storage_errors[0]}); "
+            f"not restoring the older {stats.snapshot_id}")
     metrics = master.metrics
     metrics.inc("restore_v2_total" if manifest.is_v2 else "restore_v1_total")
     metrics.inc("clock_conversion_failures_total", stats.conversion_failures)
     metrics.inc("snapshot_candidate_fallbacks_total", stats.fallbacks)
+    metrics.inc("restore_unchecked_manifest_total", int(manifest.unchecked_clock_pair))
     metrics.set("restore_objects_restored", stats.objects_restored)
     metrics.set("restore_objects_dropped", stats.objects_dropped)
     metrics.set("restore_duration_seconds", time.perf_counter() - t0)

@@ -1,8 +1,15 @@
 """Complete-snapshot manifest (``manifest.txt``): strict parse and encode.
 
 v1 (upstream): ``messagepack|1.0.0|<snapshot_id>``; deadlines in the payload are system-clock ms.
-v2 (ours):     ``arrow-ipc|2.0.0|<snapshot_id>|<system_now_ns>|<steady_now_ns>``; deadlines are
-steady-clock ns of the writing process, mapped through the (system, steady) pair captured once.
+v2 (ours):     ``arrow-ipc|2.0.0|<snapshot_id>|<system_now_ns>|<steady_now_ns>|sha256:<hex>``;
+deadlines are steady-clock ns of the writing process, mapped through the (system, steady) pair
+captured once. The last field is the sha256 of the five fields before it (their exact text, with
+the ``|`` separators): tag, version, id and the clock pair are covered, so an edited clock field
+(which would stretch or shorten every restored lease) fails the candidate. A v2 manifest written
+before the checksum existed has only the five fields; it still parses, with ``checksummed`` False,
+and the repository decides whether to accept it (:class:`~.repository.SnapshotRepository`).
+The checksum is not a signature: it catches buggy writers and hand edits, not someone who
+recomputes it.
 
 The manifest is the publication marker, so anything unexpected in it fails the candidate: exact
 field counts, no whitespace, canonical int64 decimals only (RFC Phase 3: "missing fields,
@@ -10,8 +17,9 @@ malformed integers, and overflow are candidate failures").
 """
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
@@ -24,8 +32,11 @@ V2_VERSION = "2.0.0"
 MANIFEST_FILE = "manifest.txt"
 SNAPSHOT_ID_LENGTH = 19
 
+CHECKSUM_PREFIX = "sha256:"
+
 # Canonical decimal: optional '-', no '+', no leading zeros, no "-0".
 _CANONICAL_INT = re.compile(r"(?:0|-?[1-9][0-9]*)\Z")
+_CHECKSUM = re.compile(r"sha256:[0-9a-f]{64}\Z")
 
 
 def is_valid_snapshot_id(snapshot_id: str) -> bool:
@@ -39,6 +50,23 @@ def is_valid_snapshot_id(snapshot_id: str) -> bool:
         elif not ("0" <= ch <= "9"):  # str.isdigit() would accept non-ASCII digits
             return False
     return True
+
+
+def snapshot_id_ms(snapshot_id: str) -> int | None:
+    """Unix ms of a valid ``YYYYMMDD_HHMMSS_mmm`` id (UTC, as :func:`snapshot_id_for` writes it),
+    or None when the id is not a valid id or not a real calendar time."""
+    if not is_valid_snapshot_id(snapshot_id):
+        return None
+    try:
+        dt = datetime.strptime(snapshot_id[:15], "%Y%m%d_%H%M%S").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return int(dt.timestamp()) * 1000 + int(snapshot_id[16:])
+
+
+def manifest_checksum(fields_text: str) -> str:
+    """The checksum field of a v2 manifest whose fields before it are ``fields_text``."""
+    return CHECKSUM_PREFIX + hashlib.sha256(fields_text.encode("ascii")).hexdigest()
 
 
 def snapshot_id_for(system_ns: int) -> str:
@@ -62,17 +90,29 @@ def parse_canonical_int64(text: str, field: str) -> int:
 
 @dataclass(frozen=True)
 class SnapshotManifest:
-    """A parsed manifest. ``system_now_ns``/``steady_now_ns`` are set exactly for v2."""
+    """A parsed manifest. ``system_now_ns``/``steady_now_ns`` are set exactly for v2.
+
+    ``checksummed`` (v2 only, not part of equality): the manifest carries the checksum field and
+    it matched. False for a v2 manifest written before checksums existed (five fields): its clock
+    pair is unchecked, and :meth:`encode` writes it back in that legacy form. Manifests built with
+    :func:`v2_manifest` are always checksummed.
+    """
 
     tag: str
     version: str
     snapshot_id: str
     system_now_ns: int | None = None
     steady_now_ns: int | None = None
+    checksummed: bool = field(default=True, compare=False)
 
     @property
     def is_v2(self) -> bool:
         return self.version == V2_VERSION
+
+    @property
+    def unchecked_clock_pair(self) -> bool:
+        """A v2 manifest without a checksum: nothing vouches for its clock pair."""
+        return self.is_v2 and not self.checksummed
 
     def encode(self) -> str:
         """The manifest text (no trailing newline, like upstream)."""
@@ -85,6 +125,8 @@ class SnapshotManifest:
         if self.tag == V2_TAG and self.version == V2_VERSION:
             text = (f"{V2_TAG}|{V2_VERSION}|{self.snapshot_id}|"
                     f"{self.system_now_ns}|{self.steady_now_ns}")
+            if self.checksummed:
+                text = f"{text}|{manifest_checksum(text)}"
             # Round-trip through the strict parser so nothing unparsable is ever published.
             if parse_manifest(text) != self:
                 raise ManifestError(f"manifest does not round-trip: {self!r}")
@@ -117,8 +159,15 @@ def parse_manifest(data: str | bytes) -> SnapshotManifest:
         if len(parts) != 3:
             raise ManifestError(f"v1 manifest needs 3 fields, got {len(parts)}")
     elif (tag, version) == (V2_TAG, V2_VERSION):
-        if len(parts) != 5:
-            raise ManifestError(f"v2 manifest needs 5 fields (missing clock fields?), got {len(parts)}")
+        if len(parts) not in (5, 6):
+            raise ManifestError(f"v2 manifest needs 6 fields (5 before checksums; missing clock "
+                                f"fields?), got {len(parts)}")
+        if len(parts) == 6:
+            if not _CHECKSUM.match(parts[5]):
+                raise ManifestError(f"v2 manifest checksum field is malformed: {parts[5][:80]!r}")
+            if manifest_checksum("|".join(parts[:5])) != parts[5]:
+                raise ManifestError("v2 manifest checksum mismatch: its tag, version, id or clock "
+                                    "pair changed after it was written")
     else:
         raise ManifestError(f"unsupported manifest tag/version {tag!r}/{version!r}")
     snapshot_id = parts[2]
@@ -128,4 +177,5 @@ def parse_manifest(data: str | bytes) -> SnapshotManifest:
         return SnapshotManifest(tag, version, snapshot_id)
     return SnapshotManifest(tag, version, snapshot_id,
                             parse_canonical_int64(parts[3], "system_now_ns"),
-                            parse_canonical_int64(parts[4], "steady_now_ns"))
+                            parse_canonical_int64(parts[4], "steady_now_ns"),
+                            checksummed=len(parts) == 6)
