@@ -1,4 +1,5 @@
 """mooncake-columnar: a columnar object-metadata engine for a Mooncake Store master."""
+from . import runtime  # noqa: F401  (first: threading-layer settings before any kernel runs)
 from .clock import Clocks, ManualClocks, MonotonicClocks
 from .config import MasterConfig
 from .errors import ErrorCode, MooncakeError

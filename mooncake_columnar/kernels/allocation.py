@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .dispatch import BATCH_MIN, variant
+
 
 @njit(inline="always", cache=True)
 def held_end(offset, size, unit_bits, capacity):
@@ -178,6 +180,10 @@ def _by_segment(segs, offsets, sizes, n_segments):
     return out_seg, out_off, out_len, ascending
 
 
+_by_segment_small = variant(_by_segment, "_small", nogil=False)
+_free_sorted_small = variant(_free_sorted, "_small", nogil=False)
+
+
 def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, starts, lengths,
                      counts: np.ndarray, used: np.ndarray, unit_bits: np.ndarray, capacity: np.ndarray) -> int:
     """Free the held extents of many replicas (segment, offset, object size) at once: sorted per
@@ -186,14 +192,17 @@ def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, s
     if segs.size == 0:
         return 0
     segs, offsets, sizes = (np.ascontiguousarray(a, np.int64) for a in (segs, offsets, sizes))
-    by_seg, offs, lens, ascending = _by_segment(segs, offsets, sizes, used.shape[0])
+    small = segs.size < BATCH_MIN  # one remove: keep the GIL (see :mod:`.dispatch`)
+    by_seg, offs, lens, ascending = (_by_segment_small if small else _by_segment)(segs, offsets, sizes,
+                                                                                  used.shape[0])
     if not ascending:
         if int(offsets.max()) < (1 << 47) and used.shape[0] <= (1 << 15):
             order = np.argsort((segs << 47) | offsets)  # one int64 key: faster than lexsort
         else:
             order = np.lexsort((offsets, segs))
         by_seg, offs, lens = segs[order], offsets[order], sizes[order]
-    return int(_free_sorted(by_seg, offs, lens, starts, lengths, counts, used, unit_bits, capacity))
+    free_sorted = _free_sorted_small if small else _free_sorted
+    return int(free_sorted(by_seg, offs, lens, starts, lengths, counts, used, unit_bits, capacity))
 
 
 def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.ndarray,

@@ -10,13 +10,14 @@ import numpy as np
 from numba import njit
 
 from ..schema import FLAG_ERASE_MARK
+from .dispatch import BATCH_MIN, variant
 from .predicates import is_erase_marked, is_live
 
 _MARK = np.uint8(FLAG_ERASE_MARK)
 
 
 @njit(cache=True, nogil=True)
-def first_not_erasable(rows, flags):
+def _first_not_erasable(rows, flags):
     """Index of the first entry of ``rows`` that is out of range, not live, or repeated; -1 when
     all are distinct live rows. Two passes with a scratch flag bit, so no sort and no temporary."""
     bad = -1
@@ -37,3 +38,11 @@ def first_not_erasable(rows, flags):
     for i in range(marked):
         flags[rows[i]] &= ~_MARK
     return bad
+
+
+_first_not_erasable_small = variant(_first_not_erasable, "_small", nogil=False)
+
+
+def first_not_erasable(rows, flags):
+    """See :func:`_first_not_erasable`; a few rows (one remove) keep the GIL (:mod:`.dispatch`)."""
+    return (_first_not_erasable_small if rows.shape[0] < BATCH_MIN else _first_not_erasable)(rows, flags)

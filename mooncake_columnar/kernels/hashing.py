@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .dispatch import BATCH_MIN, variant
+
 EMPTY_SLOT = -1
 KEY_LENGTH_BITS = 16
 
@@ -245,7 +247,7 @@ def _first_slot_holds(v, h, slot_tenant, tenant, arena, ref, data, start, length
 
 
 @njit(cache=True)
-def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
+def _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
     """Rows of a batch of keys (-1 for absent).
 
     Staged by blocks: all home slots of a block are loaded, then all candidate rows' columns,
@@ -284,6 +286,16 @@ def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
             else:  # first slot is someone else: continue probing the slow way
                 out[i] = find_row(table, arena, key_refs, row_tenant, data, s, ln, tenants[i], hs[t])
     return out
+
+
+_find_rows_nogil = variant(_find_rows, "_nogil", nogil=True)
+
+
+def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
+    """See :func:`_find_rows`; batches drop the GIL while they probe (:mod:`.dispatch`)."""
+    if offsets.shape[0] <= BATCH_MIN:
+        return _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants)
+    return _find_rows_nogil(table, arena, key_refs, row_tenant, offsets, data, tenants)
 
 
 @njit(cache=True)
@@ -336,13 +348,13 @@ def _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch):
 
 _REGIONS = 256
 _CHUNKS = 64
-_PARALLEL_DELETE_MIN = 4096  # below this, thread start-up costs more than it saves
+_PARALLEL_DELETE_MIN = BATCH_MIN  # below this, thread start-up costs more than it saves
 
 
 def delete_rows(table, rows, arena, key_refs, row_tenant) -> int:
     """Delete rows from the index (absent ones are ignored); returns their key bytes."""
-    if rows.shape[0] < _PARALLEL_DELETE_MIN:
-        return int(_delete_rows_serial(table, rows, arena, key_refs, row_tenant))
+    if rows.shape[0] < _PARALLEL_DELETE_MIN:  # serial, and keeping the GIL (see :mod:`.dispatch`)
+        return int(_delete_rows_small(table, rows, arena, key_refs, row_tenant))
     return int(_delete_rows_parallel(table, rows, arena, key_refs, row_tenant))
 
 
@@ -357,6 +369,9 @@ def _delete_rows_serial(table, rows, arena, key_refs, row_tenant):
         for t in range(m):
             delete_row(table, rows[b + t], hs[t])
     return key_bytes
+
+
+_delete_rows_small = variant(_delete_rows_serial, "_small", nogil=False)
 
 
 @njit(cache=True, nogil=True, parallel=True)

@@ -11,6 +11,7 @@ from numba import njit, prange
 from ..schema import FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_PROCESSING
 from . import allocation as ak
 from . import hashing as hk
+from .dispatch import BATCH_MIN, variant
 from .leases import commit_soft_pin, grant_read_lease, grant_until
 from .rowbits import bit, has_bit, words_for
 from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_put_in_flight,
@@ -79,11 +80,11 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, u
 
 
 @njit(cache=True)
-def insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
-                    table, arena, arena_used, key_refs, row_tenant,
-                    allocatable, capacity, unit_bits, used, starts, lengths, counts,
-                    rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
-                    codes, out_rows):
+def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
+                     table, arena, arena_used, key_refs, row_tenant,
+                     allocatable, capacity, unit_bits, used, starts, lengths, counts,
+                     rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
+                     codes, out_rows):
     """Create objects for batch keys ``picks``; keys already present get ALREADY_EXISTS.
 
     Takes rows from ``free_rows`` in order; writes codes/out_rows per key. Returns
@@ -134,9 +135,19 @@ def insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred,
     return used_rows, arena_used, next_replica_id
 
 
+_insert_new_puts_nogil = variant(_insert_new_puts, "_nogil", nogil=True)
+
+
+def insert_new_puts(picks, *args):
+    """See :func:`_insert_new_puts` (drops the GIL for batches, see :mod:`.dispatch`)."""
+    if picks.shape[0] < BATCH_MIN:
+        return _insert_new_puts(picks, *args)
+    return _insert_new_puts_nogil(picks, *args)
+
+
 @njit(cache=True)
-def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadline, rep_status,
-                  inflight, pending_ttl, released):
+def _complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadline, rep_status,
+                   inflight, pending_ttl, released):
     """put_end for many rows: PROCESSING -> COMPLETE, lease = max(lease, now), soft-pin commit.
 
     ``codes`` is pre-filled (NOT_FOUND where row < 0). Inflight slots of finished puts are
@@ -180,9 +191,19 @@ def complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadl
     return done
 
 
+_complete_puts_nogil = variant(_complete_puts, "_nogil", nogil=True)
+
+
+def complete_puts(rows, *args):
+    """See :func:`_complete_puts` (drops the GIL for batches)."""
+    if rows.shape[0] < BATCH_MIN:
+        return _complete_puts(rows, *args)
+    return _complete_puts_nogil(rows, *args)
+
+
 @njit(cache=True)
-def classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
-                   rep_status, rep_kind, rep_seg, seg_readable):
+def _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
+                    rep_status, rep_kind, rep_seg, seg_readable):
     """get/exist: OK (lease granted), NOT_FOUND, or NOT_READY per row, one ``now`` for all."""
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -206,6 +227,16 @@ def classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
             codes[i] = NOT_FOUND if all_removed else NOT_READY
 
 
+_classify_reads_nogil = variant(_classify_reads, "_nogil", nogil=True)
+
+
+def classify_reads(rows, *args):
+    """See :func:`_classify_reads` (drops the GIL for batches)."""
+    if rows.shape[0] < BATCH_MIN:
+        return _classify_reads(rows, *args)
+    return _classify_reads_nogil(rows, *args)
+
+
 @njit(cache=True)
 def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns,
                            flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable):
@@ -215,13 +246,13 @@ def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now,
     rows = np.empty(1, np.int64)
     rows[0] = r
     codes = np.empty(1, np.int32)
-    classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+    _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next, rep_status, rep_kind, rep_seg,
                    seg_readable)
     return codes[0], r
 
 
 @njit(cache=True)
-def readable_slots(rows, codes, rep_status, rep_kind, rep_seg, seg_readable):
+def _readable_slots(rows, codes, rep_status, rep_kind, rep_seg, seg_readable):
     """(batch index, row, slot) of every readable replica of the rows whose code is OK."""
     n = 0
     for i in range(rows.shape[0]):
@@ -244,6 +275,16 @@ def readable_slots(rows, codes, rep_status, rep_kind, rep_seg, seg_readable):
                     out_j[k] = j
                     k += 1
     return out_i, out_r, out_j
+
+
+_readable_slots_nogil = variant(_readable_slots, "_nogil", nogil=True)
+
+
+def readable_slots(rows, *args):
+    """See :func:`_readable_slots` (drops the GIL for batches)."""
+    if rows.shape[0] < BATCH_MIN:
+        return _readable_slots(rows, *args)
+    return _readable_slots_nogil(rows, *args)
 
 
 @njit(cache=True)
@@ -287,7 +328,7 @@ def unlink_group_members(rows, group_head, group_next, group_col, flags):
 
 
 @njit(cache=True)
-def classify_removals(rows, now, force, lease, rep_status, codes):
+def _classify_removals(rows, now, force, lease, rep_status, codes):
     """remove/batch_remove/remove_all: OBJECT_HAS_LEASE unless force; NOT_READY while incomplete."""
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -302,6 +343,16 @@ def classify_removals(rows, now, force, lease, rep_status, codes):
             st = rep_status[r, j]
             if slot_in_use(st) and not slot_is_complete(st):
                 codes[i] = NOT_READY
+
+
+_classify_removals_nogil = variant(_classify_removals, "_nogil", nogil=True)
+
+
+def classify_removals(rows, *args):
+    """See :func:`_classify_removals` (drops the GIL for batches)."""
+    if rows.shape[0] < BATCH_MIN:
+        return _classify_removals(rows, *args)
+    return _classify_removals_nogil(rows, *args)
 
 
 @njit(cache=True)
@@ -495,7 +546,7 @@ def _frees_extent(r, j, allocatable, rep_kind, rep_seg):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def clear_slots(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off):
+def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off):
     """Clear replica slots (rows[i], slots[i]); returns the memory extents they held on
     allocatable segments as (segment, offset, size) for one merged free, and the bytes dropped.
     Parallel: chunks count their extents, then fill their share of the output in input order."""
@@ -527,3 +578,14 @@ def clear_slots(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, 
             rep_status[r, j] = 0
             rep_seg[r, j] = -1
     return segs, offs, lens, dropped.sum()
+
+
+_clear_slots_serial = variant(_clear_slots_parallel, "_serial")
+
+
+def clear_slots(rows, *args):
+    """See :func:`_clear_slots_parallel`; a few slots (one remove) take the serial variant that
+    keeps the GIL and wakes no worker thread (see :mod:`.dispatch`)."""
+    if rows.shape[0] < BATCH_MIN:
+        return _clear_slots_serial(rows, *args)
+    return _clear_slots_parallel(rows, *args)

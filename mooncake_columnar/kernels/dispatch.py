@@ -1,0 +1,37 @@
+"""Kernel variants chosen by input size: serial and GIL-holding for a few keys, nogil (and
+parallel where the kernel is) for batches.
+
+* A ``parallel=True`` kernel starts the threading layer's workers on every call, even for one
+  element: tens of microseconds with a passive OpenMP runtime, and up to milliseconds on a busy
+  2-core host with a spinning one. Single-key calls (a remove clears one replica slot) must
+  never reach one.
+* A ``nogil=True`` kernel drops the GIL on entry. For a batch that is what lets other client
+  threads run (and queue for the master lock) meanwhile; for one key it only invites a thread
+  switch in the middle of a call that holds the master lock: the woken thread finds the lock
+  taken and sleeps again, and the caller waits to get the GIL back.
+
+``variant`` compiles the same Python function again with other options. The copy gets its own
+qualified name because numba keys its on-disk cache by name, not by options: without it a
+serial variant could load the parallel machine code cached for the original.
+"""
+from __future__ import annotations
+
+import types
+
+from numba import njit
+
+BATCH_MIN = 4096  # keys (or rows): below, the serial variant that keeps the GIL; from here,
+                  # the batch variant (nogil, and parallel where the kernel is). One cut-over
+                  # (the bulk index delete's, as before), so that a warm-up call below it and
+                  # one above compile every variant (warmup.py: 1 and 6000 keys).
+
+
+def variant(kernel, suffix: str, **options):
+    """``kernel``'s Python function compiled again with ``options`` (``cache=True`` default)."""
+    py = kernel.py_func
+    fn = types.FunctionType(py.__code__, py.__globals__, py.__name__ + suffix, py.__defaults__, py.__closure__)
+    fn.__qualname__ = py.__qualname__ + suffix
+    fn.__module__ = py.__module__
+    fn.__doc__ = py.__doc__
+    options.setdefault("cache", True)
+    return njit(**options)(fn)
