@@ -5,7 +5,6 @@ Single-key calls raise the typed error of their code; batch calls return int32 c
 """
 from __future__ import annotations
 
-import threading
 from collections import deque
 from typing import TYPE_CHECKING, Callable
 
@@ -24,6 +23,7 @@ from .kernels.erase_guard import first_not_erasable
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .ha.journal import Journal, finalize_removed
 from .integrity import verify_engine
+from .locking import MasterLock
 from .warmup import warm_up_kernels
 from .metrics import Metrics
 from .offload import OffloadQueue
@@ -73,7 +73,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             raise InvalidParams("config must be a MasterConfig")
         self.config = config
         self.clocks: Clocks = clocks if clocks is not None else MonotonicClocks()
-        self._lock = threading.RLock()
+        self._lock = MasterLock()  # reentrant, taken in turns without lock convoys (locking.py)
         self.objects = ObjectTable(initial_capacity)
         self.keys = KeyIndex(self.objects, initial_capacity)
         self.inflight = InflightTable()
