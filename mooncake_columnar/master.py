@@ -22,6 +22,7 @@ from .kernels import objects as ok
 from .kernels.erase_guard import first_not_erasable
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .ha.journal import Journal, finalize_removed
+from .batching import joined_codes, joined_results, run_in_chunks
 from .integrity import verify_engine
 from .locking import MasterLock
 from .warmup import warm_up_kernels
@@ -249,18 +250,24 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         _raise_code(int(codes[0]), f"put_start {key!r}")
         return self._descriptors(int(rows[0]), readable_only=False)
 
-    @_locked
     def batch_put_start(self, keys, sizes, *, client_id: str,
                         config: ReplicateConfig = ReplicateConfig()) -> BatchResult:
-        """Vectorized put_start with one config for every key; per-key codes and replica table."""
+        """Vectorized put_start with one config for every key; per-key codes and replica table.
+        Like every batch call, runs in chunks of keys in order, the lock released in between
+        (batching.py): the same result as the chunks' calls made one after another."""
         arr = self._key_array(keys)
         offsets, data = string_buffers(arr)
         sizes = np.asarray(sizes)
         if sizes.shape != (len(arr),) or not np.issubdtype(sizes.dtype, np.integer):
             raise InvalidParams("sizes must be an integer array with one size per key")
-        codes, rows = self._put_start(offsets, data, sizes.astype(np.int64),
-                                      _require_str("client_id", client_id), config)
-        return BatchResult(codes, self._replica_table(np.flatnonzero(codes == 0), rows, readable_only=False))
+        sizes = sizes.astype(np.int64)
+        client = _require_str("client_id", client_id)
+
+        def chunk(lo: int, hi: int) -> BatchResult:
+            codes, rows = self._put_start(offsets[lo:hi + 1], data, sizes[lo:hi], client, config)
+            return BatchResult(codes, self._replica_table(np.flatnonzero(codes == 0), rows, readable_only=False))
+
+        return joined_results(run_in_chunks(self._lock, len(arr), chunk))
 
     def _put_start(self, offsets: np.ndarray, data: np.ndarray, sizes: np.ndarray, client: str,
                    config: ReplicateConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -387,10 +394,12 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         codes = self._put_end(offsets, data, _require_str("client_id", client_id), tenant_id)
         _raise_code(int(codes[0]), f"put_end {key!r}")
 
-    @_locked
     def batch_put_end(self, keys, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))
-        return BatchResult(self._put_end(offsets, data, _require_str("client_id", client_id), tenant_id))
+        client = _require_str("client_id", client_id)
+        parts = run_in_chunks(self._lock, offsets.size - 1,
+                              lambda lo, hi: self._put_end(offsets[lo:hi + 1], data, client, tenant_id))
+        return BatchResult(joined_codes(parts))
 
     def _put_end(self, offsets: np.ndarray, data: np.ndarray, client: str, tenant_id: str) -> np.ndarray:
         rows = self._lookup(offsets, data, tenant_id)
@@ -470,11 +479,15 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         _raise_code(int(code), f"get_replica_list {key!r}")
         return self._descriptors(int(row), readable_only=True)
 
-    @_locked
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))
-        rows, codes = self._classify_reads(offsets, data, tenant_id)
-        return BatchResult(codes, self._replica_table(np.arange(rows.size), rows, codes=codes, readable_only=True))
+
+        def chunk(lo: int, hi: int) -> BatchResult:
+            rows, codes = self._classify_reads(offsets[lo:hi + 1], data, tenant_id)
+            return BatchResult(codes, self._replica_table(np.arange(rows.size), rows, codes=codes,
+                                                          readable_only=True))
+
+        return joined_results(run_in_chunks(self._lock, offsets.size - 1, chunk))
 
     @_locked
     def exist_key(self, key: str, tenant_id: str = DEFAULT_TENANT) -> bool:
@@ -482,10 +495,11 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         offsets, data = _single_key(key)
         return bool(self._classify_reads(offsets, data, tenant_id)[1][0] == 0)
 
-    @_locked
     def batch_exist_key(self, keys, tenant_id: str = DEFAULT_TENANT) -> np.ndarray:
         offsets, data = string_buffers(self._key_array(keys))
-        return self._classify_reads(offsets, data, tenant_id)[1] == 0
+        parts = run_in_chunks(self._lock, offsets.size - 1,
+                              lambda lo, hi: self._classify_reads(offsets[lo:hi + 1], data, tenant_id)[1] == 0)
+        return joined_codes(parts)
 
     def _classify_reads(self, offsets: np.ndarray, data: np.ndarray, tenant_id: str):
         rows = self._lookup(offsets, data, tenant_id)
@@ -503,10 +517,14 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         offsets, data = _single_key(key)
         _raise_code(int(self._remove(offsets, data, tenant_id, force)[0]), f"remove {key!r}")
 
-    @_locked
     def batch_remove(self, keys, *, tenant_id: str = DEFAULT_TENANT, force: bool = False) -> np.ndarray:
+        """Per-key codes; in chunks (see batch_put_start): an oplog window that fills up refuses
+        the chunk it happens in (UNAVAILABLE_IN_CURRENT_STATUS), earlier chunks are removed."""
         offsets, data = string_buffers(self._key_array(keys))
-        return self._remove(offsets, data, tenant_id, force)
+        force = _require_bool("force", force)
+        parts = run_in_chunks(self._lock, offsets.size - 1,
+                              lambda lo, hi: self._remove(offsets[lo:hi + 1], data, tenant_id, force))
+        return joined_codes(parts)
 
     def _remove(self, offsets: np.ndarray, data: np.ndarray, tenant_id: str, force: bool) -> np.ndarray:
         force = _require_bool("force", force)
