@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from mooncake_columnar.bench import build_master
+from mooncake_columnar.bench import (DictStore, MasterStore, build_master, mixed_keys, mixed_ops_per_s,
+                                     reader_wait_figures)
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.synthetic import synthetic_keys
 
@@ -146,6 +147,79 @@ class BatchRemove(_Core):
 
     def time_batch_remove(self, objects: int) -> None:
         self.m.batch_remove(self.keys, force=True)
+
+
+class Threads(_Core):
+    """Client threads (as ``bench core``): the mixed single-key workload (50% get, 30% exist,
+    10% put_start + put_end, 10% remove) on 1 and 4 threads with the background thread
+    running, beside a dict guarded by one threading.Lock; and the wait of single gets issued
+    while another thread runs a batch_put_start and a batch_get_replica_list of a batch."""
+
+    SECONDS = 0.5
+    ROUNDS = 2
+
+    def setup(self, objects: int) -> None:
+        self.m = cached_master(objects)
+        self.keys = mixed_keys(objects)
+        self.m.start()
+        mixed_ops_per_s(MasterStore(self.m), self.keys, 4, 0.1)  # JIT warm-up
+
+    def teardown(self, objects: int) -> None:
+        self.m.stop()
+
+    def _ops(self, store, threads: int) -> float:
+        """Best of ROUNDS runs (the least disturbed one on a shared machine)."""
+        return max(mixed_ops_per_s(store, self.keys, threads, self.SECONDS, seed=r) for r in range(self.ROUNDS))
+
+    def track_mixed_ops_per_s_1_thread(self, objects: int) -> float:
+        return self._ops(MasterStore(self.m), 1)
+
+    track_mixed_ops_per_s_1_thread.unit = "ops/s"
+
+    def track_mixed_ops_per_s_4_threads(self, objects: int) -> float:
+        return self._ops(MasterStore(self.m), 4)
+
+    track_mixed_ops_per_s_4_threads.unit = "ops/s"
+
+    def track_threads_4_over_1_ratio(self, objects: int) -> float:
+        """Calls/s of 4 threads over those of 1 (>= 1: threads never make the engine slower)."""
+        store = MasterStore(self.m)
+        return self._ops(store, 4) / self._ops(store, 1)
+
+    track_threads_4_over_1_ratio.unit = "ratio"
+
+    def track_mixed_4_threads_ratio_to_baseline(self, objects: int) -> float:
+        """4 threads: engine calls/s over those of the locked dict doing the same workload."""
+        return self._ops(MasterStore(self.m), 4) / self._ops(DictStore(self.keys), 4)
+
+    track_mixed_4_threads_ratio_to_baseline.unit = "ratio"
+
+
+class ReaderWait(_Core):
+    """Single gets issued (one per ms) while another thread runs batch calls of
+    ``min(objects, 1e6)`` keys: each waits for about one chunk, not for the whole call."""
+
+    def setup(self, objects: int) -> None:
+        self.m = cached_master(objects)
+
+    def _figures(self, objects: int) -> dict:
+        return reader_wait_figures(self.m, objects, batch_size(objects))
+
+    def track_reader_wait_behind_batch_max_ms(self, objects: int) -> float:
+        return self._figures(objects)["reader_wait_behind_batch_max_ms"]
+
+    track_reader_wait_behind_batch_max_ms.unit = "ms"
+
+    def track_reader_wait_behind_batch_median_ms(self, objects: int) -> float:
+        return self._figures(objects)["reader_wait_behind_batch_median_ms"]
+
+    track_reader_wait_behind_batch_median_ms.unit = "ms"
+
+    def track_reader_wait_max_ratio_to_baseline(self, objects: int) -> float:
+        """Longest wait over the duration of the longer batch call (the wait before chunks)."""
+        return self._figures(objects)["reader_wait_behind_batch_max_ratio_to_baseline"]
+
+    track_reader_wait_max_ratio_to_baseline.unit = "ratio"
 
 
 class Memory(_Core):

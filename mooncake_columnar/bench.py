@@ -7,7 +7,9 @@ lookups) and the ratio between them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import resource
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -54,13 +56,220 @@ def build_master(objects: int, *, segments: int = 4, replicas: int = 1, object_b
     return m
 
 
+# ---- client threads ----------------------------------------------------------------------------
+# The mixed single-key workload of a KV-cache client: 50% get_replica_list, 30% exist_key,
+# 10% put_start + put_end of a fresh key (one operation), 10% remove of one of the thread's own
+# earlier puts. Keys read are stored ones, drawn at random per thread.
+MIX_GET, MIX_EXIST, MIX_PUT = 0.5, 0.8, 0.9  # cumulative shares; the rest removes
+_RUNS = itertools.count()  # fresh put keys per run: "mixed-<run>-<thread>-<n>"
+
+
+class DictStore:
+    """Baseline: the same operations on a Python dict guarded by one threading.Lock."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.lock = threading.Lock()
+        self.d = {k: (4096, True) for k in keys}
+
+    def get(self, k: str) -> object:
+        with self.lock:
+            return self.d[k]
+
+    def exist(self, k: str) -> bool:
+        with self.lock:
+            return k in self.d
+
+    def put(self, k: str) -> None:
+        with self.lock:
+            self.d[k] = (4096, False)
+        with self.lock:
+            self.d[k] = (4096, True)
+
+    def remove(self, k: str) -> None:
+        with self.lock:
+            del self.d[k]
+
+
+class MasterStore:
+    def __init__(self, m: MasterService) -> None:
+        self.m = m
+
+    def get(self, k: str) -> object:
+        return self.m.get_replica_list(k)
+
+    def exist(self, k: str) -> bool:
+        return self.m.exist_key(k)
+
+    def put(self, k: str) -> None:
+        self.m.put_start(k, 4096, client_id="client-0")
+        self.m.put_end(k, client_id="client-0")
+
+    def remove(self, k: str) -> None:
+        self.m.remove(k)
+
+
+def mixed_ops_per_s(store, keys: list[str], threads: int, seconds: float, seed: int = 0) -> float:
+    """Mixed single-key operations per second, all threads together, over ``seconds``."""
+    tag = f"mixed-{next(_RUNS)}"
+    start = threading.Barrier(threads + 1)
+    counts = [0] * threads
+    errors: list[BaseException] = []
+
+    def client(t: int) -> None:
+        rng = np.random.default_rng(seed * 1000 + t)
+        n = 1 << 16
+        draws, picks = rng.random(n), rng.integers(0, len(keys), n).tolist()
+        mine: list[str] = []
+        get, exist, put, remove = store.get, store.exist, store.put, store.remove
+        done, first = 0, 0
+        start.wait()
+        stop_at = time.perf_counter() + seconds
+        try:
+            while True:
+                if not done & 63 and time.perf_counter() >= stop_at:
+                    break
+                i = done & (n - 1)
+                r = draws[i]
+                if r < MIX_GET:
+                    get(keys[picks[i]])
+                elif r < MIX_EXIST:
+                    exist(keys[picks[i]])
+                elif r < MIX_PUT:
+                    k = f"{tag}-{t}-{done}"
+                    put(k)
+                    mine.append(k)
+                elif first < len(mine):
+                    remove(mine[first])
+                    first += 1
+                done += 1
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            errors.append(e)
+        counts[t] = done
+
+    pool = [threading.Thread(target=client, args=(t,), daemon=True) for t in range(threads)]
+    for th in pool:
+        th.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for th in pool:
+        th.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return sum(counts) / elapsed
+
+
+def mixed_keys(objects: int, count: int = 200_000, seed: int = 11) -> list[str]:
+    """Stored keys the mixed workload reads (random, repeats allowed)."""
+    rng = np.random.default_rng(seed)
+    return synthetic_keys(0, objects).take(rng.integers(0, objects, min(objects, count))).to_pylist()
+
+
+def threads_figures(m: MasterService, objects: int, rounds: int = 3, seconds: float = 1.0) -> dict:
+    """Mixed single-key workload on 1 and 4 threads (median of alternating rounds), against the
+    engine (its background thread running, as in a server) and against a locked dict."""
+    keys = mixed_keys(objects)
+    dstore = DictStore(keys)
+    mstore = MasterStore(m)
+    out: dict[str, list[float]] = {"m1": [], "m4": [], "d1": [], "d4": []}
+    m.start()
+    try:
+        mixed_ops_per_s(mstore, keys, 1, 0.2)  # JIT and first-touch warm-up
+        mixed_ops_per_s(mstore, keys, 4, 0.2)
+        for r in range(rounds):
+            out["m1"].append(mixed_ops_per_s(mstore, keys, 1, seconds, seed=r))
+            out["m4"].append(mixed_ops_per_s(mstore, keys, 4, seconds, seed=r))
+            out["d1"].append(mixed_ops_per_s(dstore, keys, 1, seconds / 2, seed=r))
+            out["d4"].append(mixed_ops_per_s(dstore, keys, 4, seconds / 2, seed=r))
+    finally:
+        m.stop()
+    med = {k: float(np.median(v)) for k, v in out.items()}
+    return {
+        "mixed_ops_per_s_1_thread": med["m1"],
+        "mixed_ops_per_s_4_threads": med["m4"],
+        "threads_4_over_1_ratio": med["m4"] / med["m1"],
+        "mixed_ops_per_s_1_thread_rounds": out["m1"],
+        "mixed_ops_per_s_4_threads_rounds": out["m4"],
+        "baseline_dict_lock_mixed_ops_per_s_1_thread": med["d1"],
+        "baseline_dict_lock_mixed_ops_per_s_4_threads": med["d4"],
+        "baseline_dict_lock_threads_4_over_1_ratio": med["d4"] / med["d1"],
+        "mixed_ops_per_s_1_thread_ratio_to_baseline": med["m1"] / med["d1"],
+        "mixed_ops_per_s_4_threads_ratio_to_baseline": med["m4"] / med["d4"],
+    }
+
+
+def reader_wait_figures(m: MasterService, objects: int, batch: int, period_s: float = 0.001) -> dict:
+    """Latency of single gets a reader thread issues (one every ``period_s``) while another
+    thread runs a ``batch``-key batch_put_start and then a batch_get_replica_list."""
+    rng = np.random.default_rng(13)
+    fresh = synthetic_keys(objects + batch, batch)
+    sizes = np.full(batch, 4096, np.int64)
+    picks = synthetic_keys(0, objects).take(rng.integers(0, objects, batch))
+    probe = synthetic_keys(0, objects).take(rng.integers(0, objects, 4096)).to_pylist()
+    running = threading.Event()
+    done = threading.Event()
+    batch_s: list[float] = []
+
+    def batcher() -> None:
+        running.set()
+        t0 = time.perf_counter()
+        m.batch_put_start(fresh, sizes, client_id="client-0")
+        t1 = time.perf_counter()
+        m.batch_get_replica_list(picks)
+        batch_s.extend((t1 - t0, time.perf_counter() - t1))
+        done.set()
+
+    # room for the batch on a segment of its own (the build leaves 25% headroom), so every key
+    # of it is placed and no allocation failure arms an eviction; gone again afterwards
+    m.mount_segment("segment-batch", endpoint="10.1.0.0:17777", client_id="client-batch", base=1 << 50,
+                    size=int(batch * 4096 * 1.25) + (1 << 20))
+    # one untimed round first: table growth (a stop-the-world rehash, amortized over the
+    # build) is not what this measures, nor compiling the batch-sized kernel variants
+    m.batch_put_start(fresh, sizes, client_id="client-0")
+    m.batch_get_replica_list(picks)
+    m.batch_put_end(fresh, client_id="client-0")
+    m.batch_remove(fresh, force=True)
+    m.get_replica_list(probe[0])
+    th = threading.Thread(target=batcher, daemon=True)
+    waits: list[float] = []
+    th.start()
+    running.wait()
+    i = 0
+    while not done.is_set():
+        t0 = time.perf_counter()
+        m.get_replica_list(probe[i % len(probe)])
+        waits.append(time.perf_counter() - t0)
+        i += 1
+        time.sleep(period_s)
+    th.join()
+    m.batch_put_end(fresh, client_id="client-0")
+    m.batch_remove(fresh, force=True)
+    m.unmount_segment("segment-batch")
+    w = np.array(waits) * 1e3
+    longest = max(batch_s) * 1e3
+    return {
+        "reader_wait_behind_batch_max_ms": float(w.max()),
+        "reader_wait_behind_batch_median_ms": float(np.median(w)),
+        "reader_wait_behind_batch_p99_ms": float(np.percentile(w, 99)),
+        "reader_wait_behind_batch_gets": int(w.size),
+        # what a reader waited before batches ran in chunks: the whole call
+        "baseline_unchunked_batch_put_start_ms": batch_s[0] * 1e3,
+        "baseline_unchunked_batch_get_ms": batch_s[1] * 1e3,
+        "reader_wait_behind_batch_max_ratio_to_baseline": float(w.max()) / longest,
+    }
+
+
 def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int = 1_000_000,
                single_gets: int = 20_000, show_progress: bool = False) -> dict:
-    """Put/get throughput, single-key get latency and metadata bytes per object."""
+    """Put/get throughput, single-key get latency, client threads and metadata bytes per object."""
     m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress)
     batch = min(batch, objects)
     rng = np.random.default_rng(7)
     mem = m.metadata_bytes()  # before the timed puts below add (and free) rows
+    # client threads first: the batch puts below can arm an eviction (at 1M objects the build's
+    # headroom holds a quarter of a 1M batch) that the background thread would then run
+    threads = threads_figures(m, objects)
+    reader = reader_wait_figures(m, objects, batch)
 
     # batch put_start + put_end of `batch` fresh keys, steady state: one untimed round first so
     # that table/column growth (amortized over the build) is not charged to this one batch
@@ -126,6 +335,8 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
         "column_bytes_per_object": mem["columns"] / objects,
         "index_bytes_per_object": mem["index"] / objects,
         "key_arena_bytes_per_object": mem["key_bytes"] / objects,
+        **threads,
+        **reader,
         "peak_rss_bytes": peak_rss_bytes(),
     }
 
