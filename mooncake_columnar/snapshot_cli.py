@@ -57,7 +57,7 @@ def _open_repo(args: argparse.Namespace):
     from .snapshots.repository import SnapshotRepository
     try:
         return SnapshotRepository(args.uri, cluster_id=args.cluster_id,
-                                  timeout_s=getattr(args, "timeout_s", None) or 5.0)
+                                  timeout_s=getattr(args, "timeout_s", 5.0))
     except Exception as e:  # pyarrow raises several types for bad URIs; report them all the same
         raise _UsageError(f"cannot open {args.uri!r}: {type(e).__name__}: {e}") from None
 
@@ -132,19 +132,23 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 # ---- inspect ----------------------------------------------------------------------------------------
 def _pick(repo, snapshot_id: str | None) -> str:
-    """The id asked for (checked), else what a restore tries first: the one latest.txt names, or
-    (latest.txt absent, malformed or dangling: said on stderr) the newest listed one."""
+    """The id asked for (checked), else the one latest.txt names, else (latest.txt absent,
+    malformed or dangling: said on stderr) the newest published one, or the newest listed."""
     if snapshot_id is not None:
         return _check_id(snapshot_id)
     try:
         plan = repo.candidate_plan()
+        if not plan.ids:
+            raise _UsageError(f"no snapshots under {repo.base}")
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
+        if plan.latest is not None:
+            return plan.latest
+        return next((sid for sid in plan.ids if repo.unpublished_reason(sid) is None), plan.ids[0])
+    except _UsageError:
+        raise
     except Exception as e:
         raise _UsageError(f"cannot list {repo.base!r}: {type(e).__name__}: {e}") from None
-    if not plan.ids:
-        raise _UsageError(f"no snapshots under {repo.base}")
-    for note in plan.notes:
-        print(f"note: {note}", file=sys.stderr)
-    return plan.ids[0]
 
 
 def remaining_distribution(remaining_ns: np.ndarray) -> dict[str, Any]:

@@ -297,6 +297,8 @@ class _RestoreView:
         self._repo = repo
         plan = repo.candidate_plan()
         self.ids, self.notes = plan.ids, list(plan.notes)
+        for note in plan.notes:
+            log.warning("restore: %s", note)
         self.storage_errors: list[SnapshotStorageUnavailable] = []
 
     def candidates(self) -> list[str]:
@@ -383,8 +385,6 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         if warmer is not None:
             warmer.wait()
     stats = _with_notes(stats, view.notes)
-    for note in view.notes:
-        log.warning("restore: %s", note)
     if view.storage_errors:
         raise SnapshotStorageUnavailable(
             f"snapshot storage failed while reading a newer candidate ({view.storage_errors[0]}); "

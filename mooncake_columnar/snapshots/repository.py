@@ -161,8 +161,10 @@ class SnapshotRepository:
     ``backup_dir`` (a local path) receives every file of a snapshot whose upload failed.
 
     ``timeout_s``: S3 connect and request (stall) timeout; each request is attempted at most
-    ``max_attempts`` times, so an unreachable endpoint raises
-    :class:`SnapshotStorageUnavailable` within about ``max_attempts * timeout_s``.
+    ``max_attempts`` times (50 ms, 100 ms... apart). An endpoint that refuses connections raises
+    :class:`SnapshotStorageUnavailable` at once; one that accepts connections but never answers
+    after about ``2 * timeout_s`` per attempt (measured with pyarrow 26: the stall detector
+    counts whole seconds, so values under 1 s act as 1 s). Local I/O errors raise it too.
     ``unpublished_grace_s``: retention deletes a directory without a verified manifest only once
     neither its id's time nor any of its files' mtimes is newer than this (a writer may still be
     uploading it). ``require_manifest_checksum``: refuse v2 manifests written before manifest
@@ -190,10 +192,12 @@ class SnapshotRepository:
         if isinstance(self.fs, pafs.S3FileSystem):
             # from_uri takes no timeouts: rebuild the filesystem from its own options with them
             # (pyarrow's defaults retry an unreachable endpoint for about 6 s, then raise OSError).
+            # The default strategy's backoff is short and fixed (50 ms, 100 ms, ...); the
+            # standard one sleeps a random time up to about a second between attempts.
             options = dict(self.fs.__reduce__()[1][0])
             options.update(connect_timeout=self.timeout_s, request_timeout=self.timeout_s)
             self.fs = pafs.S3FileSystem(
-                **options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=max_attempts))
+                **options, retry_strategy=pafs.AwsDefaultS3RetryStrategy(max_attempts=max_attempts))
         self.root = root.rstrip("/")
         self.base = f"{self.root}/{cluster_id}"
         self.cluster_id = cluster_id
@@ -253,9 +257,12 @@ class SnapshotRepository:
 
     def _put(self, path: str, data: Data) -> None:
         if self._local:
-            if not self._inside_root(path):
-                raise PermissionError(f"{path} resolves outside the repository root: not written")
-            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            parent = path.rsplit("/", 1)[0]
+            # The directory must resolve inside the root. The file itself is replaced by a
+            # rename, which replaces a planted symlink instead of writing through it.
+            if not self._inside_root(parent):
+                raise PermissionError(f"{parent} resolves outside the repository root: not written")
+            self.fs.create_dir(parent, recursive=True)
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             try:
                 with self.fs.open_output_stream(tmp) as out:
@@ -546,8 +553,12 @@ class SnapshotRepository:
         """The newest of the id's own time and the mtimes of the directory and its files (Unix
         ms), or None when nothing tells (then the directory is never judged stale)."""
         times = [snapshot_id_ms(snapshot_id)]
-        infos = [self._info(self._dir(snapshot_id)), *self._ls(self._dir(snapshot_id))]
-        times += [info.mtime_ns / 1e6 for info in infos if info.mtime_ns is not None]
+        path = self._dir(snapshot_id)
+        if self._local and os.path.islink(path):  # the link's own time: never look through it
+            times.append(os.lstat(path).st_mtime_ns / 1e6)
+        else:
+            infos = [self._info(path), *self._ls(path)]
+            times += [info.mtime_ns / 1e6 for info in infos if info.mtime_ns is not None]
         times = [t for t in times if t is not None]
         return max(times) if times else None
 
