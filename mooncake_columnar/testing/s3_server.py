@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,13 +50,16 @@ def moto_s3(bucket: str | None = None) -> Iterator[str]:
     port = _free_port()
     env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
                AWS_DEFAULT_REGION=REGION)
+    # its log goes to a file: a pipe nobody reads fills up (64 KiB) and then stalls every request
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _answers(port):
             if proc.poll() is not None:
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                log.seek(0)
+                err = log.read().decode(errors="replace")
                 raise RuntimeError(f"moto.server exited with {proc.returncode}: {err[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"moto.server did not answer on port {port} in {START_TIMEOUT_S} s")
@@ -74,5 +78,4 @@ def moto_s3(bucket: str | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+        log.close()
