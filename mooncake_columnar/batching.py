@@ -8,14 +8,18 @@ changes is that other threads' calls may now come between two chunks.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .kernels import objects as ok
 from .locking import MasterLock
 from .messages import BatchResult
+
+if TYPE_CHECKING:
+    from .master import MasterService
 
 T = TypeVar("T")
 
@@ -26,19 +30,24 @@ MAX_CHUNK = 1 << 20
 
 
 def run_in_chunks(lock: MasterLock, n: int, step: Callable[[int, int], T], *,
-                  target_s: float | None = None, first: int | None = None) -> list[tuple[int, T]]:
+                  target_s: float | None = None, first: int | None = None,
+                  bounds: list[int] | None = None) -> list[tuple[int, T]]:
     """``[(lo, step(lo, hi)), ...]`` over consecutive ranges covering ``range(n)`` in order,
     each call under ``lock``; between calls the lock is released and handed to waiting threads.
 
-    Chunk sizes adapt so that each call holds the lock about ``target_s``. ``n == 0`` makes
-    one call ``step(0, 0)``. A caller that already holds the lock (a batch call made inside
-    another locked call) keeps it throughout: the chunks then run back to back, as one call."""
+    Chunk sizes adapt so that each call holds the lock about ``target_s``, unless ``bounds``
+    gives the chunks' starts (those of an earlier pass). ``n == 0`` makes one call
+    ``step(0, 0)``. A caller that already holds the lock (a batch call made inside another
+    locked call) keeps it throughout: the chunks then run back to back, as one call."""
     target_s = CHUNK_TARGET_S if target_s is None else target_s
     out: list[tuple[int, T]] = []
     lo, size = 0, max(1, FIRST_CHUNK if first is None else first)
     have = False
     while True:
         hi = min(n, lo + size)
+        if bounds is not None:
+            k = len(out) + 1
+            hi = bounds[k] if k < len(bounds) else n
         if not have:
             lock.take()
         try:
@@ -58,6 +67,48 @@ def run_in_chunks(lock: MasterLock, n: int, step: Callable[[int, int], T], *,
         want = size * target_s / max(held, 1e-6)
         size = int(min(MAX_CHUNK, max(MIN_CHUNK, size // 2, min(2 * size, want))))
         lo = hi
+
+
+def index_state(m: "MasterService") -> tuple:
+    """A value that changes whenever a key may have entered or left ``m``'s key index (and
+    when the index is rebuilt). A row is only recycled by erasing its object and putting
+    another, so rows looked up while this had some value still name the same keys while it has
+    that value again."""
+    k = m.keys
+    return (k.count, k.arena_used, k.arena_garbage, id(k.arena), id(k.table), m.next_replica_id)
+
+
+def read_in_chunks(m: "MasterService", offsets: np.ndarray, data: np.ndarray, tenant_id: str,
+                   finish: Callable[[np.ndarray], T]) -> list[tuple[int, T]]:
+    """The batch reads (get, exist): every key is looked up first, chunk by chunk, then the
+    same chunks are classified (leases granted) and finished by ``finish(rows, codes)``.
+
+    Two passes rather than a lookup and a classification per chunk: interleaved, each evicts
+    the other's columns from the cache, and a 10M-object batch_get_replica_list ran 20% slower
+    (1.2M vs 1.5M keys/s). A chunk whose keys may have been inserted or removed since its
+    lookup (:func:`index_state` differs) is looked up again before it is classified."""
+    n = offsets.size - 1
+    rows = np.empty(n, np.int64)
+
+    def lookup(lo: int, hi: int) -> tuple:
+        rows[lo:hi] = m._lookup(offsets[lo:hi + 1], data, tenant_id)
+        return index_state(m)
+
+    looked = run_in_chunks(m._lock, n, lookup)
+    states = dict(looked)
+
+    def classify(lo: int, hi: int) -> T:
+        if index_state(m) != states[lo]:
+            rows[lo:hi] = m._lookup(offsets[lo:hi + 1], data, tenant_id)
+        r = rows[lo:hi]
+        codes = np.empty(r.size, np.int32)
+        o = m.objects  # as MasterService._classify_reads, on rows already looked up
+        ok.classify_reads(r, m.clocks.steady_ns(), m.lease_ttl_ns, codes, o.flags, o.lease_deadline_ns,
+                          o.group_next, o.replica_status, o.replica_kind, o.replica_segment,
+                          m.segments.readable)
+        return finish(r, codes)
+
+    return run_in_chunks(m._lock, n, classify, bounds=[lo for lo, _ in looked])
 
 
 def joined_codes(parts: list[tuple[int, np.ndarray]]) -> np.ndarray:

@@ -22,7 +22,7 @@ from .kernels import objects as ok
 from .kernels.erase_guard import first_not_erasable
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .ha.journal import Journal, finalize_removed
-from .batching import joined_codes, joined_results, run_in_chunks
+from .batching import joined_codes, joined_results, read_in_chunks, run_in_chunks
 from .integrity import verify_engine
 from .locking import MasterLock
 from .warmup import warm_up_kernels
@@ -481,13 +481,8 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
 
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))
-
-        def chunk(lo: int, hi: int) -> BatchResult:
-            rows, codes = self._classify_reads(offsets[lo:hi + 1], data, tenant_id)
-            return BatchResult(codes, self._replica_table(np.arange(rows.size), rows, codes=codes,
-                                                          readable_only=True))
-
-        return joined_results(run_in_chunks(self._lock, offsets.size - 1, chunk))
+        return joined_results(read_in_chunks(self, offsets, data, tenant_id, lambda rows, codes: BatchResult(
+            codes, self._replica_table(np.arange(rows.size), rows, codes=codes, readable_only=True))))
 
     @_locked
     def exist_key(self, key: str, tenant_id: str = DEFAULT_TENANT) -> bool:
@@ -497,9 +492,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
 
     def batch_exist_key(self, keys, tenant_id: str = DEFAULT_TENANT) -> np.ndarray:
         offsets, data = string_buffers(self._key_array(keys))
-        parts = run_in_chunks(self._lock, offsets.size - 1,
-                              lambda lo, hi: self._classify_reads(offsets[lo:hi + 1], data, tenant_id)[1] == 0)
-        return joined_codes(parts)
+        return joined_codes(read_in_chunks(self, offsets, data, tenant_id, lambda rows, codes: codes == 0))
 
     def _classify_reads(self, offsets: np.ndarray, data: np.ndarray, tenant_id: str):
         rows = self._lookup(offsets, data, tenant_id)

@@ -145,7 +145,7 @@ def test_threads_single_get_completes_while_big_batch_runs(call: str) -> None:
     if call == "batch_get_replica_list":
         keys = synthetic_keys(0, base).take(np.random.default_rng(3).integers(0, base, n))
         run = lambda: m.batch_get_replica_list(keys)  # noqa: E731
-        starts = _chunk_starts(m, "_classify_reads")
+        starts = _chunk_starts(m, "_lookup")  # the lookup pass, one call per chunk
     else:
         keys = synthetic_keys(base, n)
         run = lambda: m.batch_put_start(keys, np.full(n, 4096, np.int64), client_id=CLIENT)  # noqa: E731
@@ -277,3 +277,40 @@ def test_threads_master_lock_turns(monkeypatch: pytest.MonkeyPatch) -> None:
         order.append("holder")
     th.join(30)
     assert order == ["waiter", "holder"]
+
+
+@pytest.mark.parametrize("call", ["batch_get_replica_list", "batch_exist_key"])
+def test_threads_batch_read_looks_again_at_keys_changed_between_its_passes(
+        call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch reads look every key up first and classify afterwards; a key removed in between,
+    whose row another key then takes, is not read through the stale row."""
+    m = MasterService(MasterConfig(), clocks=ManualClocks())
+    mount_segments(m, 2, 1 << 30)
+    keys = [f"k{i}" for i in range(10)]
+    m.batch_put_start(keys, np.full(10, 100, np.int64), client_id=CLIENT)
+    m.batch_put_end(keys, client_id=CLIENT)
+    row_of = lambda key: int(m._lookup(np.array([0, len(key)], np.int64), np.frombuffer(key.encode(), np.uint8),  # noqa: E731
+                                       "default")[0])
+    old_row = row_of("k3")
+    real = batching.run_in_chunks
+    passes: list[int] = []
+
+    def between_passes(lock, n, step, **kwargs):
+        out = real(lock, n, step, **kwargs)
+        if not passes:  # after the lookup pass: k3 goes, and its row goes to another key
+            m.remove("k3", force=True)
+            m.put_start("intruder", 100, client_id=CLIENT)
+            m.put_end("intruder", client_id=CLIENT)
+        passes.append(n)
+        return out
+
+    monkeypatch.setattr(batching, "run_in_chunks", between_passes)
+    result = getattr(m, call)(keys)
+    assert len(passes) == 2
+    assert row_of("intruder") == old_row  # the stale row now holds another key
+    if call == "batch_exist_key":
+        assert result.tolist() == [i != 3 for i in range(10)]
+    else:
+        assert result.codes.tolist() == [ErrorCode.OBJECT_NOT_FOUND if i == 3 else 0 for i in range(10)]
+        assert 3 not in result.replicas.column("key_index").to_pylist()
+        assert result.replicas.num_rows == 9
