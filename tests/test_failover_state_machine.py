@@ -78,7 +78,10 @@ class Failover(RuleBasedStateMachine):
         return {k for k in keys if self.p.object_info(k).processing} if keys else set()
 
     def _check_refused_put_ends(self, keys, codes, in_flight: set[str]) -> None:
-        for key, code in zip(keys, codes):
+        first: dict[str, int] = {}
+        for key, code in zip(keys, codes):  # a key named twice completes at its first position
+            first.setdefault(key, int(code))
+        for key, code in first.items():
             if code == ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS and key in in_flight:
                 assert self.p.object_info(key).processing  # refused: never visible
 
