@@ -283,8 +283,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self._release_discarded(now_ms)
 
         discard_ms = self.config.put_start_discard_timeout_s * 1000
-        oldest = self.inflight.oldest_put_start_ms()
-        if oldest is not None and oldest + discard_ms < now_ms:
+        if self.inflight.any_started_before(now_ms - discard_ms):
             # some in-flight put may be abandoned: find existing keys first and discard those
             found = self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))
             exists = (found >= 0) & (codes == 0)
@@ -320,7 +319,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         o.client[new] = self.clients.code(client)
         slots = self.inflight.take(new)
         o.inflight[new] = slots
-        self.inflight.put_start_time_ms[slots] = now_ms
+        self.inflight.started(slots, now_ms)
         self.inflight.pending_soft_pin_ttl_ns[slots] = pending_ttl_ns
         o.flags[new] = flags
         o.data_type[new] = int(config.data_type)

@@ -319,7 +319,7 @@ def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) ->
     if processing.size:
         slots = m.inflight.take(rows[processing])
         o.inflight[rows[processing]] = slots
-        m.inflight.put_start_time_ms[slots] = objects.column("put_start_time_ms").to_numpy()[processing]
+        m.inflight.started(slots, objects.column("put_start_time_ms").to_numpy()[processing])
     _load_keys(m, rows, objects.column("key"))
     _link_groups(m, rows, objects)
     _load_replicas(m, rows, replicas, fresh=isinstance(sel, slice))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 _SHRINK_ABOVE = 4096  # slots kept when no put is in flight
+_NONE_IN_FLIGHT = 2**63 - 1
 
 
 class InflightTable:
@@ -24,6 +25,9 @@ class InflightTable:
         self.row = np.full(capacity, -1, np.int64)   # owner row of an in-use slot
         self.free_slots = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # stack, top at the end
         self.free_count = capacity
+        # a lower bound of the in-flight puts' start times: put_start asks "is any put older than
+        # the discard timeout?" on every call, and answering from the bound spares a scan of the table
+        self.oldest_bound_ms = _NONE_IN_FLIGHT
 
     @property
     def capacity(self) -> int:
@@ -61,11 +65,20 @@ class InflightTable:
         rows = self.row[slots]
         return rows[row_slot[rows] == slots]
 
-    def oldest_put_start_ms(self) -> int | None:
-        """Earliest put start among in-flight puts (None when there are none)."""
-        if self.free_count == self.capacity:
-            return None
-        return int(self.put_start_time_ms[self.in_use].min())
+    def started(self, slots: np.ndarray, start_ms: np.ndarray | int) -> None:
+        """Record the (system-clock) start of the puts holding ``slots``."""
+        self.put_start_time_ms[slots] = start_ms
+        if slots.size:
+            self.oldest_bound_ms = min(self.oldest_bound_ms, int(np.min(start_ms)))
+
+    def any_started_before(self, cutoff_ms: int) -> bool:
+        """Whether some in-flight put started before ``cutoff_ms``; scans the table only when the
+        lower bound says it might, and then tightens the bound to the exact oldest start."""
+        if self.oldest_bound_ms >= cutoff_ms:
+            return False
+        in_flight = self.put_start_time_ms[self.in_use]
+        self.oldest_bound_ms = int(in_flight.min()) if in_flight.size else _NONE_IN_FLIGHT
+        return self.oldest_bound_ms < cutoff_ms
 
     def resident_bytes(self) -> int:
         return (self.put_start_time_ms.nbytes + self.pending_soft_pin_ttl_ns.nbytes + self.in_use.nbytes
