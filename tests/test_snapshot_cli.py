@@ -19,7 +19,7 @@ from mooncake_columnar.snapshots.manager import SnapshotManager
 from mooncake_columnar.snapshots.repository import SnapshotRepository
 
 WRITER = "3001-3002"
-FIXTURES = Path("/work/shared/fixtures/mooncake_v1")
+FIXTURES = Path(__file__).parent / "fixtures" / "mooncake_v1"
 
 
 def _master() -> tuple[MasterService, ManualClocks]:

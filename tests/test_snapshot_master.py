@@ -314,7 +314,7 @@ def test_phase3_restored_clients_must_ping_or_are_unmounted(tmp_path: Path) -> N
 
 
 # ---- upstream v1 fixtures --------------------------------------------------------------------------
-FIXTURES = Path("/work/shared/fixtures/mooncake_v1")
+FIXTURES = Path(__file__).parent / "fixtures" / "mooncake_v1"
 
 
 @pytest.mark.parametrize("case", ["small_6", "many_1000"])

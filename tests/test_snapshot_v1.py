@@ -32,7 +32,7 @@ try:
 except ImportError:  # tests collected as a package
     from tests.test_snapshot_codec import make_state
 
-FIXTURES = Path("/work/shared/fixtures/mooncake_v1")
+FIXTURES = Path(__file__).parent / "fixtures" / "mooncake_v1"
 CASES = ["small_6", "many_1000"]
 C1 = 123 * NS_PER_S  # restoring process's steady clock: unrelated to the writer's
 
