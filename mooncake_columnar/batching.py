@@ -42,27 +42,27 @@ def run_in_chunks(lock: MasterLock, n: int, step: Callable[[int, int], T], *,
     target_s = CHUNK_TARGET_S if target_s is None else target_s
     out: list[tuple[int, T]] = []
     lo, size = 0, max(1, FIRST_CHUNK if first is None else first)
-    have = False
+    first_call = True
     while True:
         hi = min(n, lo + size)
         if bounds is not None:
             k = len(out) + 1
             hi = bounds[k] if k < len(bounds) else n
-        if not have:
+        if first_call:
             lock.take()
+        else:
+            # between chunks the lock goes to whoever waits (a single get, typically), one
+            # call each, and comes back once they are done
+            lock.yield_turn()
         try:
             t0 = perf_counter()
             out.append((lo, step(lo, hi)))
             held = perf_counter() - t0
         finally:
-            lock.release()
+            lock.leave()
         if hi >= n:
             return out
-        # queue behind whoever waits (a single get, typically): the lock goes to them now and
-        # comes back once they are done
-        have = bool(lock.waiters) and not lock._is_owned()
-        if have:
-            lock.wait_turn()
+        first_call = False
         # next size: aim at target_s, moving by at most 2x (one slow chunk is often noise)
         want = size * target_s / max(held, 1e-6)
         size = int(min(MAX_CHUNK, max(MIN_CHUNK, size // 2, min(2 * size, want))))

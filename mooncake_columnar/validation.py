@@ -18,18 +18,16 @@ _PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
 
 
 def _locked(fn: Callable[..., T]) -> Callable[..., T]:
-    """Run the method holding ``self._lock`` (a :class:`~.locking.MasterLock`): taken at once
-    when free and nobody waits; else (or once the caller's turn is used up while others wait)
-    waited for in turn, without a lock convoy."""
+    """Run the method holding ``self._lock`` (a :class:`~.locking.MasterLock`), taken and left
+    in turns (no lock convoys between client threads)."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):  # every MasterService part holds self._lock
         lock = self._lock
-        if (lock.waiters and lock.turn_up() and not lock._is_owned()) or not lock.acquire(False):
-            lock.wait_turn()  # (MasterLock.take, inlined: this is every call's path)
+        lock.take()
         try:
             return fn(self, *args, **kwargs)
         finally:
-            lock.release()
+            lock.leave()
     return wrapper
 
 

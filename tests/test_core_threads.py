@@ -254,7 +254,7 @@ def test_threads_master_lock_turns(monkeypatch: pytest.MonkeyPatch) -> None:
             time.sleep(0.001)
         assert lock.waiters, thread
 
-    # a holder that simply leaves: the oldest waiter sleeps in the lock and gets it
+    # a holder that simply leaves: the oldest waiter (it looks every POLL_S) gets the lock
     got = threading.Event()
     lock.acquire()
     th = threading.Thread(target=lambda: (lock.take(), got.set(), lock.release()))
@@ -277,6 +277,41 @@ def test_threads_master_lock_turns(monkeypatch: pytest.MonkeyPatch) -> None:
         order.append("holder")
     th.join(30)
     assert order == ["waiter", "holder"]
+
+
+def test_threads_busy_callers_hand_the_lock_over_per_turn_not_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four threads calling back to back: the lock changes hands about once per turn, not on
+    every call (a release never hands it to a thread still waiting for the GIL), and every
+    thread gets turns."""
+    lock = MasterLock()
+    handovers = [0]
+    queue = MasterLock._queue
+
+    def counted(self, **kwargs):
+        handovers[0] += 1
+        return queue(self, **kwargs)
+
+    monkeypatch.setattr(MasterLock, "_queue", counted)
+    calls = [0] * 4
+    stop = time.monotonic() + 0.5
+
+    def client(t: int) -> None:
+        while time.monotonic() < stop:
+            with lock:
+                x = 0
+                for i in range(200):  # a call's work, holding the lock
+                    x += i
+            calls[t] += 1
+
+    pool = [threading.Thread(target=client, args=(t,)) for t in range(4)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join(30)
+    assert min(calls) > 0, calls
+    # one handover per turn (TURN_S = 5 ms) and thread, with slack for a loaded host; a lock
+    # that changes hands per call would hand over about sum(calls) times
+    assert handovers[0] < max(40, sum(calls) // 20), (handovers[0], calls)
 
 
 @pytest.mark.parametrize("call", ["batch_get_replica_list", "batch_exist_key"])
