@@ -32,11 +32,13 @@ from ..clock import NS_PER_S, Clocks
 from ..config import MasterConfig
 from ..errors import (
     ErrorCode,
+    MooncakeError,
     NoUsableStandbySnapshot,
     OpLogError,
     OpLogGap,
     OpLogStoreUnavailable,
     SnapshotError,
+    SnapshotIntegrityError,
     StandbySnapshotError,
     StandbySnapshotUnreplayable,
     UnavailableInCurrentStatus,
@@ -138,10 +140,15 @@ def master_of_standby(snap: StandbySnapshot, *, config: MasterConfig | None = No
                       clocks: Clocks) -> MasterService:
     """A fresh container master holding a decoded standby snapshot: its engine state passes
     SnapshotState.validate (extent overlaps included), the key index and the engine self-check
-    (``MasterService.verify``); any failure raises and leaves no engine behind."""
+    (``MasterService.verify``); any failure raises a typed error and leaves no engine behind."""
     state = state_of_standby(snap).validate(check_unique_keys=False, check_overlaps=True)
-    master = MasterService.from_state(state, config=config, clocks=clocks, segments_readable=False,
-                                      validated=True)  # the key index load checks key uniqueness
+    try:
+        master = MasterService.from_state(state, config=config, clocks=clocks, segments_readable=False,
+                                          validated=True)  # the key index load checks key uniqueness
+    except (ValueError, OverflowError) as exc:  # the allocator rebuild refused an extent validation let by
+        if isinstance(exc, MooncakeError):
+            raise
+        raise SnapshotIntegrityError(f"replicas/segments: the engine refused the state: {exc}") from exc
     master.verify()
     return master
 
