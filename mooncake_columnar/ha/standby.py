@@ -145,8 +145,8 @@ def master_of_standby(snap: StandbySnapshot, *, config: MasterConfig | None = No
     try:
         master = MasterService.from_state(state, config=config, clocks=clocks, segments_readable=False,
                                           validated=True)  # the key index load checks key uniqueness
-    except (ValueError, OverflowError) as exc:  # the allocator rebuild refused an extent validation let by
-        if isinstance(exc, MooncakeError):
+    except (ValueError, OverflowError) as exc:  # e.g. the allocator rebuild refusing extents that
+        if isinstance(exc, MooncakeError):      # share an allocation unit: validation let them through
             raise
         raise SnapshotIntegrityError(f"replicas/segments: the engine refused the state: {exc}") from exc
     master.verify()
@@ -258,7 +258,7 @@ class StandbyService:
             return master_of_standby(snap, config=self.config, clocks=self.clocks), snap
         except SnapshotError:
             raise
-        except Exception as exc:  # any failure rejects the whole candidate (RFC invariant 8)
+        except Exception as exc:  # a failed self-check, or any other: the whole candidate fails
             raise StandbySnapshotError(
                 f"the engine built from it is unusable: {type(exc).__name__}: {exc}") from exc
 

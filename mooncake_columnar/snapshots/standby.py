@@ -309,8 +309,8 @@ class StandbySnapshotStore:
 
 
 def _id_after(snapshot_id: str) -> str:
-    """The smallest id above ``snapshot_id``: 1 ms later when it is a calendar time that one
-    can follow, else its 17 digits plus one (a planted far-future or non-calendar id)."""
+    """An id that sorts above ``snapshot_id``: 1 ms later when it is a calendar time int64 ns
+    can express, else its 17 digits plus one (a planted far-future or non-calendar id)."""
     ms = snapshot_id_ms(snapshot_id)
     if ms is not None:
         try:
