@@ -73,6 +73,23 @@ def ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def table_of(payloads: Payloads, name: str) -> pa.Table:
+    return pa.ipc.open_file(payloads[name]).read_all()
+
+
+def with_value(table: pa.Table, column: str, row: int, value: object) -> pa.Table:
+    """``table`` with one cell replaced: still well-formed Arrow of the same schema."""
+    idx = table.schema.get_field_index(column)
+    values = table.column(idx).to_pylist()
+    values[row] = value
+    return table.set_column(idx, table.schema.field(idx), pa.array(values, table.schema.field(idx).type))
+
+
+def forge_value(payloads: Payloads, name: str, column: str, row: int, value: object) -> Payloads:
+    """One cell of a payload forged, digest recomputed."""
+    return with_digest({**payloads, name: ipc(with_value(table_of(payloads, name), column, row, value))})
+
+
 def column_buffer_at(raw: bytes, table: pa.Table, column: str) -> tuple[int, int]:
     """(position in the IPC file, byte length) of ``column``'s offsets (strings) or values
     buffer: found by content, as a forger editing the file in place would."""
@@ -202,20 +219,17 @@ def flip_digest(payloads: Payloads) -> Payloads:
     return {**payloads, SEGMENTS_FILE: bytes(raw)}
 
 
-def extent_past_capacity(payloads: Payloads) -> Payloads:
-    """Well-formed Arrow, digest recomputed, but one replica ends past its segment's capacity."""
-    replicas = pa.ipc.open_file(payloads[REPLICAS_FILE]).read_all()
-    offsets = replicas.column("offset").to_numpy().copy()
-    offsets[0] = (1 << 26) - 1
-    idx = replicas.schema.get_field_index("offset")
-    forged = replicas.set_column(idx, replicas.schema.field(idx), pa.array(offsets))
-    return with_digest({**payloads, REPLICAS_FILE: ipc(forged)})
+def duplicate_key(payloads: Payloads) -> Payloads:
+    return forge_value(payloads, OBJECTS_FILE, "key", 1, table_of(payloads, OBJECTS_FILE).column("key")[0].as_py())
 
 
+# Damages a forger with write access can do; the segment of history() is 64 MiB.
 DAMAGES = {
     "invalid-utf8-key": lambda p: invalid_utf8_key(p, "key-alpha"),
     "payload-bytes-changed": flip_digest,
-    "extent-past-capacity": extent_past_capacity,
+    "extent-past-capacity": lambda p: forge_value(p, REPLICAS_FILE, "offset", 0, (1 << 26) - 1),
+    "object-size-past-its-extent": lambda p: forge_value(p, OBJECTS_FILE, "size", 0, 1 << 40),
+    "duplicate-key": duplicate_key,
 }
 
 
@@ -225,8 +239,7 @@ DAMAGES = {
 def test_forged_out_of_range_string_offset_with_recomputed_digest_is_a_typed_error_not_a_crash(
         tmp_path: Path) -> None:
     payloads, seq = good_payloads()
-    replicas = pa.ipc.open_file(payloads[REPLICAS_FILE]).read_all()
-    objects = pa.ipc.open_file(payloads[OBJECTS_FILE]).read_all()
+    replicas, objects = table_of(payloads, REPLICAS_FILE), table_of(payloads, OBJECTS_FILE)
     cases = [("replicas.segment", forge_string_offset(payloads, REPLICAS_FILE, replicas, "segment", 1 << 30), seq),
              ("objects.key", forge_string_offset(payloads, OBJECTS_FILE, objects, "key", 1 << 30), seq),
              ("objects.tenant negative", forge_string_offset(payloads, OBJECTS_FILE, objects, "tenant", -8), seq),
@@ -241,20 +254,15 @@ def test_forged_out_of_range_string_offset_with_recomputed_digest_is_a_typed_err
 
 def test_invalid_utf8_key_is_rejected_with_a_typed_error_naming_the_file_and_row() -> None:
     payloads, seq = good_payloads()
-    objects = pa.ipc.open_file(payloads[OBJECTS_FILE]).read_all()
-    row = objects.column("key").to_pylist().index("key-alpha")
+    row = table_of(payloads, OBJECTS_FILE).column("key").to_pylist().index("key-alpha")
     with pytest.raises(SnapshotPayloadError, match=rf"objects\.arrow\.key: .*UTF8.* {row}\b"):
         decode_standby(invalid_utf8_key(payloads, "key-alpha"), seq)
 
 
 def test_forged_object_index_is_a_typed_error_naming_file_field_and_row() -> None:
     payloads, seq = good_payloads()
-    replicas = pa.ipc.open_file(payloads[REPLICAS_FILE]).read_all()
-    index = replicas.column("object_index").to_numpy().copy()
-    index[3] = 1 << 40
-    forged = replicas.set_column(0, replicas.schema.field(0), pa.array(index))
     with pytest.raises(SnapshotIntegrityError, match=r"replicas\.arrow: object_index 1099511627776 at row 3"):
-        decode_standby(with_digest({**payloads, REPLICAS_FILE: ipc(forged)}), seq)
+        decode_standby(forge_value(payloads, REPLICAS_FILE, "object_index", 3, 1 << 40), seq)
 
 
 # --- bootstrap fallback ------------------------------------------------------------------------------
@@ -382,15 +390,13 @@ def _forge_value(rng: random.Random, table: pa.Table) -> pa.Table:
     """A well-formed table with one integer value (or one name) replaced by a hostile one."""
     fields = [f for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_string(f.type)]
     field = rng.choice(fields)
-    idx = table.schema.get_field_index(field.name)
-    values = table.column(idx).to_pylist()
-    row = rng.randrange(len(values))
+    row = rng.randrange(table.num_rows)
     if pa.types.is_string(field.type):
-        values[row] = rng.choice(["", values[(row + 1) % len(values)], "x" * 300, "seg9"])
+        value = rng.choice(["", table.column(field.name)[(row + 1) % table.num_rows].as_py(), "x" * 300, "seg9"])
     else:
         info = np.iinfo(field.type.to_pandas_dtype())
-        values[row] = min(max(rng.choice(HOSTILE_VALUES), int(info.min)), int(info.max))
-    return table.set_column(idx, field, pa.array(values, field.type))
+        value = min(max(rng.choice(HOSTILE_VALUES), int(info.min)), int(info.max))
+    return with_value(table, field.name, row, value)
 
 
 def mutate(rng: random.Random, payloads: Payloads) -> tuple[str, Payloads]:
@@ -406,7 +412,7 @@ def mutate(rng: random.Random, payloads: Payloads) -> tuple[str, Payloads]:
         cut = rng.randrange(len(raw))
         forged = raw[:cut] if rng.random() < 0.5 else raw + bytes(rng.randrange(1, 64))
     else:
-        table = pa.ipc.open_file(raw).read_all()
+        table = table_of(payloads, name)
         forged = _forge_buffer(rng, raw, table) if kind == "buffer+digest" else ipc(_forge_value(rng, table))
     return f"{kind} {name}", with_digest({**payloads, name: forged})
 
