@@ -259,6 +259,13 @@ def test_invalid_utf8_key_is_rejected_with_a_typed_error_naming_the_file_and_row
         decode_standby(invalid_utf8_key(payloads, "key-alpha"), seq)
 
 
+def test_field_name_that_is_not_utf8_is_a_typed_error_naming_the_file() -> None:
+    payloads, seq = good_payloads()
+    raw = payloads[OBJECTS_FILE].replace(b"soft_pin_enabled", b"soft_pin_enable\xe4")
+    with pytest.raises(SnapshotPayloadError, match=r"objects\.arrow: .*utf-8"):
+        decode_standby(with_digest({**payloads, OBJECTS_FILE: raw}), seq)
+
+
 def test_forged_object_index_is_a_typed_error_naming_file_field_and_row() -> None:
     payloads, seq = good_payloads()
     with pytest.raises(SnapshotIntegrityError, match=r"replicas\.arrow: object_index 1099511627776 at row 3"):

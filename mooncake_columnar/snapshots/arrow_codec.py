@@ -198,7 +198,7 @@ def _read_ipc(data: bytes | pa.Buffer, schema: pa.Schema | tuple[pa.Schema, ...]
             column.validate(full=True)
         where = name
         table.validate()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, UnicodeDecodeError) as e:  # a field name not UTF-8
         raise SnapshotPayloadError(f"{where}: not a complete, valid Arrow IPC file: {e}") from None
     check_table(table, schema, name)
     return table
