@@ -272,6 +272,22 @@ def test_forged_object_index_is_a_typed_error_naming_file_field_and_row() -> Non
         decode_standby(forge_value(payloads, REPLICAS_FILE, "object_index", 3, 1 << 40), seq)
 
 
+def test_manifest_sequence_id_that_disagrees_with_the_payloads_rejects_the_snapshot(tmp_path: Path) -> None:
+    """One digit off in the manifest would make the replay skip an entry (or apply one twice)."""
+    clocks = ManualClocks()
+    store = StandbySnapshotStore.open(str(tmp_path), "c")
+    m = small_primary()
+    older = store.publish(standby_snapshot_of(m, 3), clocks)
+    newer = store.publish(standby_snapshot_of(m, 12), clocks)
+    manifest = tmp_path / "c-standby" / newer / "manifest.txt"
+    manifest.write_text(manifest.read_text().replace("|12", "|13"))
+    notes: list[str] = []
+    sid, snap = store.load_latest(notes)
+    assert (sid, snap.last_sequence_id) == (older, 3)
+    assert len(notes) == 1 and newer in notes[0] and "ManifestError" in notes[0]
+    assert "last_sequence_id 13" in notes[0] and "replicas.arrow" in notes[0]
+
+
 # --- bootstrap fallback ------------------------------------------------------------------------------
 
 

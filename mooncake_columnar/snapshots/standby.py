@@ -12,6 +12,11 @@ Files (stored through :class:`SnapshotRepository`, manifest last)::
     objects.arrow  replicas.arrow  segments.arrow  digest.json   (same digest as the v2 codec)
     manifest.txt   standby-arrow-ipc|mooncake-columnar-standby-snapshot/1|<snapshot_id>|<last_sequence_id>
 
+The sequence id decides where the oplog replay starts (one off and entries are skipped or applied
+twice), so ``replicas.arrow`` carries it too, in its schema metadata where the digest covers it,
+and a manifest that disagrees is rejected; payloads of writers from before it was recorded
+carry none.
+
 Decoding is strict and shares the complete snapshots' reader (:func:`arrow_codec._read_ipc`:
 full Arrow validation, so offsets, UTF-8 of keys and names, exact schema, no nulls) before
 anything indexes a table; then the indexes the engine conversion relies on are checked. Every
@@ -94,6 +99,7 @@ _OBJECTS_SCHEMAS = tuple(
     for k in range(len(_OPTIONAL_OBJECT_FLAGS) + 1)
     for missing in itertools.combinations(_OPTIONAL_OBJECT_FLAGS, k))
 
+_SEQ_KEY = b"mooncake.last_sequence_id"  # replicas.arrow schema metadata, canonical decimal
 _MANIFEST = re.compile(r"([^|]+)\|([^|]+)\|([^|]+)\|(0|[1-9][0-9]{0,18})\Z")
 _SEQ_MAX = 2**63 - 1
 
@@ -146,18 +152,21 @@ def _check_range(table: pa.Table, file: str, field: str, high: int | None = None
 # --- payloads ------------------------------------------------------------------------------------
 
 
-def _ipc(table: pa.Table) -> pa.Buffer:
+def _ipc(table: pa.Table, metadata: dict[bytes, bytes] | None = None) -> pa.Buffer:
+    table = table.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table.replace_schema_metadata(None))
+        writer.write_table(table)
     return sink.getvalue()
 
 
 def encode_standby(snapshot: StandbySnapshot) -> dict[str, bytes | pa.Buffer]:
     """The three Arrow files and their digest (the manifest carries the sequence id)."""
     snapshot.validate()
-    payloads: dict[str, bytes | pa.Buffer] = {OBJECTS_FILE: _ipc(snapshot.objects), REPLICAS_FILE: _ipc(snapshot.replicas),
-                                    SEGMENTS_FILE: _ipc(snapshot.segments)}
+    payloads: dict[str, bytes | pa.Buffer] = {
+        OBJECTS_FILE: _ipc(snapshot.objects),
+        REPLICAS_FILE: _ipc(snapshot.replicas, {_SEQ_KEY: str(snapshot.last_sequence_id).encode()}),
+        SEGMENTS_FILE: _ipc(snapshot.segments)}
     payloads[DIGEST_FILE] = digest_of(payloads, version=1)  # sha256: the standby wire's own digest
     return payloads
 
@@ -165,7 +174,7 @@ def encode_standby(snapshot: StandbySnapshot) -> dict[str, bytes | pa.Buffer]:
 def _read(data: bytes | pa.Buffer, schemas: pa.Schema | tuple[pa.Schema, ...], name: str) -> pa.Table:
     """One payload through the complete snapshots' reader (full Arrow validation, exact schema)."""
     try:
-        return _read_ipc(data, schemas, name).replace_schema_metadata(None)
+        return _read_ipc(data, schemas, name)
     except pa.ArrowException as e:  # what the reader does not map (an unsupported type or codec)
         raise SnapshotPayloadError(f"{name}: unreadable Arrow IPC file: {type(e).__name__}: {e}") from None
 
@@ -184,10 +193,16 @@ def decode_standby(payloads: dict[str, bytes | pa.Buffer], last_sequence_id: int
     """Verify the digest, fully validate every table, then its indexes; raise a typed
     SnapshotError on any deviation."""
     verify_digest(payloads)
+    replicas = _read(payloads[REPLICAS_FILE], STANDBY_REPLICAS_SCHEMA, REPLICAS_FILE)
+    recorded = (replicas.schema.metadata or {}).get(_SEQ_KEY)
+    if recorded is not None and recorded != str(last_sequence_id).encode():
+        raise ManifestError(f"the manifest says last_sequence_id {last_sequence_id}, {REPLICAS_FILE} "
+                            f"(covered by the digest) says {recorded[:24]!r}")
     return StandbySnapshot(
-        objects=_with_default_flags(_read(payloads[OBJECTS_FILE], _OBJECTS_SCHEMAS, OBJECTS_FILE)),
-        replicas=_read(payloads[REPLICAS_FILE], STANDBY_REPLICAS_SCHEMA, REPLICAS_FILE),
-        segments=_read(payloads[SEGMENTS_FILE], STANDBY_SEGMENTS_SCHEMA, SEGMENTS_FILE),
+        objects=_with_default_flags(_read(payloads[OBJECTS_FILE], _OBJECTS_SCHEMAS, OBJECTS_FILE)
+                                    .replace_schema_metadata(None)),
+        replicas=replicas.replace_schema_metadata(None),
+        segments=_read(payloads[SEGMENTS_FILE], STANDBY_SEGMENTS_SCHEMA, SEGMENTS_FILE).replace_schema_metadata(None),
         last_sequence_id=last_sequence_id,
     ).validate()
 
