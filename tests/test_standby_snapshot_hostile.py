@@ -230,6 +230,7 @@ DAMAGES = {
     "extent-past-capacity": lambda p: forge_value(p, REPLICAS_FILE, "offset", 0, (1 << 26) - 1),
     "object-size-past-its-extent": lambda p: forge_value(p, OBJECTS_FILE, "size", 0, 1 << 40),
     "duplicate-key": duplicate_key,
+    "empty-key": lambda p: forge_value(p, OBJECTS_FILE, "key", 0, ""),  # today only verify() refuses it
 }
 
 
