@@ -289,3 +289,26 @@ class SnapshotStorageUnavailable(SnapshotError):
     would restore stale state only because the storage was flaky)."""
 
     code = ErrorCode.PERSISTENT_FAIL
+
+
+# --- standby snapshots (snapshots/standby.py, ha/standby.py) -------------------------------------
+
+
+class StandbySnapshotError(SnapshotError):
+    """A standby snapshot cannot be used (bad manifest, payload or consistency, or the engine
+    built from it fails its self-check); the candidate is rejected as a whole."""
+
+
+class StandbySnapshotUnreplayable(StandbySnapshotError):
+    """The oplog no longer holds the entries right after a standby snapshot's sequence id
+    (compacted or lost), or ends before it: the standby could not catch up from it."""
+
+    code = ErrorCode.INCOMPLETE_OPLOG_CATCH_UP
+
+
+class NoUsableStandbySnapshot(StandbySnapshotError):
+    """Standby snapshots exist but none can be used; ``notes`` says why each was rejected."""
+
+    def __init__(self, message: str, notes: list[str] | None = None):
+        self.notes = list(notes or ())
+        super().__init__(message)

@@ -32,9 +32,15 @@ from ..clock import NS_PER_S, Clocks
 from ..config import MasterConfig
 from ..errors import (
     ErrorCode,
+    MooncakeError,
+    NoUsableStandbySnapshot,
     OpLogError,
     OpLogGap,
     OpLogStoreUnavailable,
+    SnapshotError,
+    SnapshotIntegrityError,
+    StandbySnapshotError,
+    StandbySnapshotUnreplayable,
     UnavailableInCurrentStatus,
 )
 from ..master import MasterService
@@ -130,6 +136,23 @@ def state_of_standby(snap: StandbySnapshot) -> SnapshotState:
     return with_usage(SnapshotState(objects, replicas, segments, next_id))
 
 
+def master_of_standby(snap: StandbySnapshot, *, config: MasterConfig | None = None,
+                      clocks: Clocks) -> MasterService:
+    """A fresh container master holding a decoded standby snapshot: its engine state passes
+    SnapshotState.validate (extent overlaps included), the key index and the engine self-check
+    (``MasterService.verify``); any failure raises a typed error and leaves no engine behind."""
+    state = state_of_standby(snap).validate(check_unique_keys=False, check_overlaps=True)
+    try:
+        master = MasterService.from_state(state, config=config, clocks=clocks, segments_readable=False,
+                                          validated=True)  # the key index load checks key uniqueness
+    except (ValueError, OverflowError) as exc:  # e.g. the allocator rebuild refusing extents that
+        if isinstance(exc, MooncakeError):      # share an allocation unit: validation let them through
+            raise
+        raise SnapshotIntegrityError(f"replicas/segments: the engine refused the state: {exc}") from exc
+    master.verify()
+    return master
+
+
 # --- the service ------------------------------------------------------------------------------------
 
 
@@ -160,6 +183,7 @@ class StandbyService:
         self._failed: BaseException | None = None
         self._promoted = False
         self.producer_view = 0  # the view claimed at promotion
+        self.bootstrap_notes: list[str] = []  # why bootstrap passed over each standby snapshot
         self._follower: threading.Thread | None = None
         self._stop_following = threading.Event()
 
@@ -177,23 +201,66 @@ class StandbyService:
     # ---- bootstrap ---------------------------------------------------------------------------------
     def bootstrap(self) -> int:
         """Load the newest usable standby snapshot (if any); returns the sequence id it covers.
+
+        A snapshot is rejected, and the next older one tried, when it does not decode, when the
+        engine built from it fails a check or its self-check, or when the oplog no longer holds
+        the entries right after it; ``bootstrap_notes`` says why each was passed over. Each is
+        built into a fresh engine, so nothing of a rejected one stays. With none usable the
+        standby follows the oplog alone if it still reaches sequence id 1, else
+        NoUsableStandbySnapshot names what was tried. No snapshot at all: the oplog alone.
         Compiles the serving-path kernels first, so the promoted master never compiles."""
         warm_up_kernels()
         with self._lock:
             self._check_usable()
             if self.applied_sequence_id or self._master.object_count():
                 raise UnavailableInCurrentStatus("bootstrap runs before the first poll")
-            found = self.snapshots.load_latest() if self.snapshots is not None else None
+            notes: list[str] = []
+            self.bootstrap_notes = notes
+            if self.snapshots is None:
+                return 0
+            try:
+                found = self.snapshots.load_latest_with(self._accept_snapshot, notes)
+            except NoUsableStandbySnapshot as exc:
+                gap = self._oplog_gap_after(0)
+                if gap is not None:
+                    raise NoUsableStandbySnapshot(f"{exc}; the oplog alone cannot replace them: {gap}",
+                                                  notes) from exc
+                notes.append("no standby snapshot is usable: following the oplog from sequence id 1")
+                log.warning("standby bootstrap: %s", notes[-1])
+                return 0
             if found is None:
                 return 0
-            sid, snap = found
-            self._master = MasterService.from_state(state_of_standby(snap), config=self.config,
-                                                    clocks=self.clocks, segments_readable=False)
+            sid, (master, snap) = found
+            self._master = master
             self.applied_sequence_id = self._observed_prefix = snap.last_sequence_id
             self.metrics.set("standby_applied_sequence_id", snap.last_sequence_id)
             log.info("standby bootstrapped from snapshot %s at sequence %d (%d objects)",
                      sid, snap.last_sequence_id, snap.objects.num_rows)
             return snap.last_sequence_id
+
+    def _oplog_gap_after(self, sequence_id: int) -> OpLogGap | None:
+        """Why the oplog cannot be followed from ``sequence_id`` (its next entries compacted or
+        lost, or the log ends before it), or None. Other store errors propagate: they say
+        nothing about the snapshot."""
+        try:
+            self.store.read_batches(sequence_id, 1)
+        except OpLogGap as gap:
+            return gap
+        return None
+
+    def _accept_snapshot(self, sid: str, snap: StandbySnapshot) -> tuple[MasterService, StandbySnapshot]:
+        """A fresh engine from one decoded candidate, or a StandbySnapshotError rejecting it."""
+        gap = self._oplog_gap_after(snap.last_sequence_id)
+        if gap is not None:
+            raise StandbySnapshotUnreplayable(
+                f"the oplog cannot be followed from its sequence id {snap.last_sequence_id}: {gap}")
+        try:
+            return master_of_standby(snap, config=self.config, clocks=self.clocks), snap
+        except SnapshotError:
+            raise
+        except Exception as exc:  # a failed self-check, or any other: the whole candidate fails
+            raise StandbySnapshotError(
+                f"the engine built from it is unusable: {type(exc).__name__}: {exc}") from exc
 
     # ---- following ---------------------------------------------------------------------------------
     def poll(self, limit: int | None = None) -> int:

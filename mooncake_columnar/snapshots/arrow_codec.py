@@ -165,8 +165,8 @@ def verify_digest(payloads: dict[str, bytes | pa.Buffer]) -> None:
         raise SnapshotDigestError(f"{DIGEST_FILE} is missing")
     try:
         digest = json.loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise SnapshotDigestError(f"{DIGEST_FILE} is not JSON: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        raise SnapshotDigestError(f"{DIGEST_FILE} is not JSON: {type(e).__name__}: {e}") from None
     if (not isinstance(digest, dict) or set(digest) != {"version", "files"}
             or type(digest["version"]) is not int or digest["version"] not in _CHECKSUMS
             or not isinstance(digest["files"], dict)):
@@ -187,14 +187,19 @@ def verify_digest(payloads: dict[str, bytes | pa.Buffer]) -> None:
             raise SnapshotDigestError(f"{name}: {field} mismatch")
 
 
-def _read_ipc(data: bytes | pa.Buffer, schema: pa.Schema, name: str) -> pa.Table:
+def _read_ipc(data: bytes | pa.Buffer, schema: pa.Schema | tuple[pa.Schema, ...], name: str) -> pa.Table:
     """The table of one IPC file, zero-copy over ``data``, fully validated (offsets, dictionary
     indices, UTF-8: what later kernels index by) and of exactly ``schema``."""
+    where = name
     try:
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-        table.validate(full=True)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise SnapshotPayloadError(f"{name}: not a complete, valid Arrow IPC file: {e}") from None
+        for field, column in zip(table.schema, table.columns):  # column by column: errors name it
+            where = f"{name}.{field.name}"
+            column.validate(full=True)
+        where = name
+        table.validate()
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, UnicodeDecodeError) as e:  # a field name not UTF-8
+        raise SnapshotPayloadError(f"{where}: not a complete, valid Arrow IPC file: {e}") from None
     check_table(table, schema, name)
     return table
 

@@ -12,40 +12,62 @@ Files (stored through :class:`SnapshotRepository`, manifest last)::
     objects.arrow  replicas.arrow  segments.arrow  digest.json   (same digest as the v2 codec)
     manifest.txt   standby-arrow-ipc|mooncake-columnar-standby-snapshot/1|<snapshot_id>|<last_sequence_id>
 
-Decoding is strict (exact schema, no nulls, consistent indexes); the only leniency is the RFC's
-compatibility rule: an older objects file without ``hard_pinned`` / ``soft_pin_enabled`` decodes
-with both False.
+The sequence id decides where the oplog replay starts (one off and entries are skipped or applied
+twice), so ``replicas.arrow`` carries it too, in its schema metadata where the digest covers it,
+and a manifest that disagrees is rejected; payloads of writers from before it was recorded
+carry none.
+
+Decoding is strict and shares the complete snapshots' reader (:func:`arrow_codec._read_ipc`:
+full Arrow validation, so offsets, UTF-8 of keys and names, exact schema, no nulls) before
+anything indexes a table; then the indexes the engine conversion relies on are checked. Every
+failure is a typed :class:`SnapshotError` naming the file, the field and, where known, the row.
+The only leniency is the RFC's compatibility rule: an older objects file without
+``hard_pinned`` / ``soft_pin_enabled`` decodes with both False.
+
+The store loads the newest usable snapshot and falls back to older ones, recording why each
+was rejected (:meth:`StandbySnapshotStore.load_latest_with`).
 """
 from __future__ import annotations
 
+import itertools
+import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..clock import NS_PER_MS, Clocks
-from ..schema import REPLICAS_ARROW_SCHEMA
 from ..errors import (
     ManifestError,
+    NoUsableStandbySnapshot,
     SnapshotError,
     SnapshotIntegrityError,
     SnapshotPayloadError,
+    SnapshotPublishError,
+    SnapshotStorageUnavailable,
+    StandbySnapshotError,  # noqa: F401  (re-exported: it used to be defined here)
 )
+from ..schema import REPLICAS_ARROW_SCHEMA
 from .arrow_codec import (
     DIGEST_FILE,
     OBJECTS_FILE,
     REPLICAS_FILE,
     SEGMENTS_FILE,
+    _read_ipc,
     digest_of,
     verify_digest,
 )
-from .manager import _id_ms
-from .manifest import is_valid_snapshot_id, snapshot_id_for
+from .manifest import is_valid_snapshot_id, snapshot_id_for, snapshot_id_ms
 from .repository import SnapshotRepository
 from .state import check_table
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STANDBY_SNAPSHOT_TAG = "standby-arrow-ipc"
 STANDBY_SNAPSHOT_VERSION = "mooncake-columnar-standby-snapshot/1"
@@ -71,13 +93,15 @@ STANDBY_SEGMENTS_SCHEMA = pa.schema([
 ])
 # Fields an older payload may lack, and the value they take (RFC "Standby/oplog compatibility").
 _OPTIONAL_OBJECT_FLAGS = ("hard_pinned", "soft_pin_enabled")
+# The objects schemas a file may have: the current one, or it without any of the optional flags.
+_OBJECTS_SCHEMAS = tuple(
+    pa.schema([f for f in STANDBY_OBJECTS_SCHEMA if f.name not in missing])
+    for k in range(len(_OPTIONAL_OBJECT_FLAGS) + 1)
+    for missing in itertools.combinations(_OPTIONAL_OBJECT_FLAGS, k))
 
+_SEQ_KEY = b"mooncake.last_sequence_id"  # replicas.arrow schema metadata, canonical decimal
 _MANIFEST = re.compile(r"([^|]+)\|([^|]+)\|([^|]+)\|(0|[1-9][0-9]{0,18})\Z")
 _SEQ_MAX = 2**63 - 1
-
-
-class StandbySnapshotError(SnapshotError):
-    """A standby snapshot cannot be used (bad manifest, payload or consistency)."""
 
 
 @dataclass(frozen=True)
@@ -91,49 +115,68 @@ class StandbySnapshot:
     last_sequence_id: int
 
     def validate(self) -> StandbySnapshot:
+        """Schemas, the sequence id, and what the conversion into an engine state indexes by
+        (object_index inside objects; sizes, capacities non-negative; distinct segment names);
+        raises a typed SnapshotError naming the file, field and row. Deeper checks (unique keys,
+        extents inside capacity, no overlap, id domains) run when the snapshot is loaded into an
+        engine: SnapshotState.validate, the key index and MasterService.verify own them."""
         for table, schema, name in ((self.objects, STANDBY_OBJECTS_SCHEMA, OBJECTS_FILE),
                                     (self.replicas, STANDBY_REPLICAS_SCHEMA, REPLICAS_FILE),
                                     (self.segments, STANDBY_SEGMENTS_SCHEMA, SEGMENTS_FILE)):
             check_table(table, schema, name)
         if type(self.last_sequence_id) is not int or not 0 <= self.last_sequence_id <= _SEQ_MAX:
             raise SnapshotIntegrityError(f"last_sequence_id {self.last_sequence_id!r} is not in [0, 2**63)")
-        n = self.objects.num_rows
-        oi = self.replicas.column("object_index").to_numpy()
-        if oi.size and (oi.min() < 0 or oi.max() >= n):
-            raise SnapshotIntegrityError(f"replicas: object_index outside [0, {n})")
-        if n and int(pc.min(self.objects.column("size")).as_py()) < 0:
-            raise SnapshotIntegrityError("objects: negative size")
-        if pc.count_distinct(self.segments.column("name")).as_py() != self.segments.num_rows:
-            raise SnapshotIntegrityError("segments: duplicate segment name")
-        # Deeper checks (unique keys, extents inside capacity, no overlap) run when the state is
-        # loaded into a MasterService: SnapshotState.validate and the key index own them.
+        _check_range(self.replicas, REPLICAS_FILE, "object_index", self.objects.num_rows - 1)
+        _check_range(self.objects, OBJECTS_FILE, "size")
+        _check_range(self.segments, SEGMENTS_FILE, "capacity")
+        codes = pc.dictionary_encode(self.segments.column("name").combine_chunks()).indices.to_numpy()
+        # codes number names in order of first appearance: a row is a repeat unless it opens a new code
+        repeat = codes <= np.maximum.accumulate(np.concatenate(([-1], codes[:-1])))
+        if repeat.any():
+            row = int(np.argmax(repeat))
+            raise SnapshotIntegrityError(f"{SEGMENTS_FILE}: name {self.segments.column('name')[row].as_py()!r} "
+                                         f"at row {row} repeats an earlier segment")
         return self
+
+
+def _check_range(table: pa.Table, file: str, field: str, high: int | None = None) -> None:
+    """Every value of the int64 column ``field`` in [0, high] (no upper bound when None)."""
+    values = table.column(field).to_numpy()
+    bad = values < 0 if high is None else (values < 0) | (values > high)
+    if bad.any():
+        row = int(np.argmax(bad))
+        bounds = "is negative" if high is None else f"is outside [0, {high}]"
+        raise SnapshotIntegrityError(f"{file}: {field} {int(values[row])} at row {row} {bounds}")
 
 
 # --- payloads ------------------------------------------------------------------------------------
 
 
-def _ipc(table: pa.Table) -> pa.Buffer:
+def _ipc(table: pa.Table, metadata: dict[bytes, bytes] | None = None) -> pa.Buffer:
+    table = table.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table.replace_schema_metadata(None))
+        writer.write_table(table)
     return sink.getvalue()
 
 
 def encode_standby(snapshot: StandbySnapshot) -> dict[str, bytes | pa.Buffer]:
     """The three Arrow files and their digest (the manifest carries the sequence id)."""
     snapshot.validate()
-    payloads: dict[str, bytes | pa.Buffer] = {OBJECTS_FILE: _ipc(snapshot.objects), REPLICAS_FILE: _ipc(snapshot.replicas),
-                                    SEGMENTS_FILE: _ipc(snapshot.segments)}
+    payloads: dict[str, bytes | pa.Buffer] = {
+        OBJECTS_FILE: _ipc(snapshot.objects),
+        REPLICAS_FILE: _ipc(snapshot.replicas, {_SEQ_KEY: str(snapshot.last_sequence_id).encode()}),
+        SEGMENTS_FILE: _ipc(snapshot.segments)}
     payloads[DIGEST_FILE] = digest_of(payloads, version=1)  # sha256: the standby wire's own digest
     return payloads
 
 
-def _read(data: bytes | pa.Buffer, name: str) -> pa.Table:
+def _read(data: bytes | pa.Buffer, schemas: pa.Schema | tuple[pa.Schema, ...], name: str) -> pa.Table:
+    """One payload through the complete snapshots' reader (full Arrow validation, exact schema)."""
     try:
-        return pa.ipc.open_file(pa.py_buffer(data)).read_all().replace_schema_metadata(None)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise SnapshotPayloadError(f"{name}: not a complete Arrow IPC file: {e}") from None
+        return _read_ipc(data, schemas, name)
+    except pa.ArrowException as e:  # what the reader does not map (an unsupported type or codec)
+        raise SnapshotPayloadError(f"{name}: unreadable Arrow IPC file: {type(e).__name__}: {e}") from None
 
 
 def _with_default_flags(objects: pa.Table) -> pa.Table:
@@ -147,12 +190,19 @@ def _with_default_flags(objects: pa.Table) -> pa.Table:
 
 
 def decode_standby(payloads: dict[str, bytes | pa.Buffer], last_sequence_id: int) -> StandbySnapshot:
-    """Verify the digest and schemas; raise a typed SnapshotError on any deviation."""
+    """Verify the digest, fully validate every table, then its indexes; raise a typed
+    SnapshotError on any deviation."""
     verify_digest(payloads)
+    replicas = _read(payloads[REPLICAS_FILE], STANDBY_REPLICAS_SCHEMA, REPLICAS_FILE)
+    recorded = (replicas.schema.metadata or {}).get(_SEQ_KEY)
+    if recorded is not None and recorded != str(last_sequence_id).encode():
+        raise ManifestError(f"the manifest says last_sequence_id {last_sequence_id}, {REPLICAS_FILE} "
+                            f"(covered by the digest) says {recorded[:24]!r}")
     return StandbySnapshot(
-        objects=_with_default_flags(_read(payloads[OBJECTS_FILE], OBJECTS_FILE)),
-        replicas=_read(payloads[REPLICAS_FILE], REPLICAS_FILE),
-        segments=_read(payloads[SEGMENTS_FILE], SEGMENTS_FILE),
+        objects=_with_default_flags(_read(payloads[OBJECTS_FILE], _OBJECTS_SCHEMAS, OBJECTS_FILE)
+                                    .replace_schema_metadata(None)),
+        replicas=replicas.replace_schema_metadata(None),
+        segments=_read(payloads[SEGMENTS_FILE], STANDBY_SEGMENTS_SCHEMA, SEGMENTS_FILE).replace_schema_metadata(None),
         last_sequence_id=last_sequence_id,
     ).validate()
 
@@ -198,21 +248,23 @@ class StandbySnapshotStore:
     def __init__(self, repo: SnapshotRepository) -> None:
         self.repo = repo
         self._id_lock = threading.Lock()
-        self._last_id: str | None = None
+        self._last_id = ""  # the newest id this store published ("" sorts below every id)
 
     @classmethod
     def open(cls, uri: str, cluster_id: str) -> StandbySnapshotStore:
         return cls(SnapshotRepository(uri, cluster_id + STANDBY_CLUSTER_SUFFIX))
 
     def _next_id(self, system_ns: int) -> str:
-        # Ids order the candidates, so bump by 1 ms past the newest one if the wall clock did not move.
+        """The wall-clock id, or the next id past the newest one present if that is not newer:
+        ids order the candidates, so a new snapshot must sort above every directory, also one
+        planted with a far-future or non-calendar id. Lists the repository each time (another
+        writer may have added one since)."""
         sid = snapshot_id_for(system_ns)
         with self._id_lock:
-            if self._last_id is None:
-                existing = self.repo.list()
-                self._last_id = existing[0] if existing else None
-            if self._last_id is not None and sid <= self._last_id:
-                sid = snapshot_id_for((_id_ms(self._last_id) + 1) * NS_PER_MS)
+            existing = self.repo.list()
+            newest = max(existing[0] if existing else "", self._last_id)
+            if sid <= newest:
+                sid = _id_after(newest)
             self._last_id = sid
         return sid
 
@@ -224,6 +276,7 @@ class StandbySnapshotStore:
         return sid
 
     def load(self, snapshot_id: str) -> StandbySnapshot:
+        """One snapshot, fully checked; a typed SnapshotError names what is wrong."""
         files = self.repo.read(snapshot_id)
         manifest_id, seq = parse_standby_manifest(files.manifest)
         if manifest_id != snapshot_id:
@@ -233,18 +286,54 @@ class StandbySnapshotStore:
             raise SnapshotPayloadError(f"standby snapshot {snapshot_id} holds unexpected files {sorted(extra)}")
         return decode_standby(files.payloads, seq)
 
-    def load_latest(self) -> tuple[str, StandbySnapshot] | None:
-        """The newest usable snapshot, falling back to older candidates; None if there is none.
+    def load_latest(self, notes: list[str] | None = None) -> tuple[str, StandbySnapshot] | None:
+        """The newest snapshot that loads, falling back to older candidates; None if there is
+        none (see :meth:`load_latest_with`)."""
+        return self.load_latest_with(lambda sid, snap: snap, notes)
 
-        Raises StandbySnapshotError when candidates exist but none loads: starting a standby
-        from nothing while its history may have been compacted away must not be silent.
+    def load_latest_with(self, accept: Callable[[str, StandbySnapshot], T],
+                         notes: list[str] | None = None) -> tuple[str, T] | None:
+        """(id, ``accept(id, snapshot)``) of the newest candidate that loads and that ``accept``
+        takes, falling back to older ones; None if there is no candidate at all.
+
+        ``accept`` (e.g. building and checking an engine) runs inside the candidate's failure
+        scope: a SnapshotError it raises rejects the candidate like a decode error does; any
+        other error propagates. Each rejection, and why latest.txt was not followed, is appended
+        to ``notes``. A storage error (SnapshotStorageUnavailable) propagates: falling back to an
+        older snapshot only because the storage was flaky would silently lose state.
+        Raises NoUsableStandbySnapshot (with the notes) when candidates exist but none is taken:
+        starting a standby from nothing while its history may have been compacted away must
+        not be silent.
         """
-        failures: list[str] = []
-        for sid in self.repo.candidates():
+        notes = [] if notes is None else notes
+        plan = self.repo.candidate_plan()
+        notes.extend(plan.notes)
+        for sid in plan.ids:
             try:
-                return sid, self.load(sid)
+                return sid, accept(sid, self.load(sid))
+            except SnapshotStorageUnavailable:
+                raise
             except SnapshotError as exc:
-                failures.append(f"{sid}: {exc}")
-        if failures:
-            raise StandbySnapshotError("no usable standby snapshot: " + "; ".join(failures))
+                note = f"standby snapshot {sid} rejected: {type(exc).__name__}: {exc}"
+                log.warning("%s", note)
+                notes.append(note)
+        if plan.ids:
+            raise NoUsableStandbySnapshot(
+                f"none of the {len(plan.ids)} standby snapshots is usable: " + "; ".join(notes), notes)
         return None
+
+
+def _id_after(snapshot_id: str) -> str:
+    """An id that sorts above ``snapshot_id``: 1 ms later when it is a calendar time int64 ns
+    can express, else its 17 digits plus one (a planted far-future or non-calendar id)."""
+    ms = snapshot_id_ms(snapshot_id)
+    if ms is not None:
+        try:
+            return snapshot_id_for((ms + 1) * NS_PER_MS)
+        except ManifestError:  # past what int64 ns can express
+            pass
+    digits = int(snapshot_id.replace("_", "")) + 1
+    if digits >= 10**17:
+        raise SnapshotPublishError(f"no snapshot id sorts above {snapshot_id}: remove that directory")
+    text = f"{digits:017d}"
+    return f"{text[:8]}_{text[8:14]}_{text[14:]}"
