@@ -289,3 +289,18 @@ class SnapshotStorageUnavailable(SnapshotError):
     would restore stale state only because the storage was flaky)."""
 
     code = ErrorCode.PERSISTENT_FAIL
+
+
+class SnapshotFieldError(SnapshotPayloadError):
+    """A decoded payload field is malformed, of the wrong type or outside its domain (v1 msgpack);
+    ``file`` names the payload (and shard), ``field`` the field."""
+
+    def __init__(self, file: str, field: str, message: str):
+        self.file = file
+        self.field = field
+        super().__init__(f"{file}: {field}: {message}")
+
+
+class SnapshotDecompressionLimit(SnapshotFieldError):
+    """A zstd frame, or a payload's frames together, would decompress past the cap (a multiple of
+    the stored size, or the configured maximum); refused before the output is allocated."""
