@@ -84,10 +84,12 @@ def _unique_map(pairs: list[tuple[Any, Any]]) -> dict:
         out = dict(pairs)
     except TypeError:  # a map or array used as a key
         raise _BadMapKey("unhashable map key") from None
-    if len(out) != len(pairs):
+    if len(out) != len(pairs):  # name the first repeated key
         seen: set = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise _BadMapKey(f"map key {dup!r} appears more than once")
+        for key, _ in pairs:
+            if key in seen:
+                raise _BadMapKey(f"map key {key!r} appears more than once")
+            seen.add(key)
     return out
 
 
@@ -117,8 +119,8 @@ def _array(values: list, type_: pa.DataType, file: str, field: str) -> pa.Array:
 def _check_uuids(values: pa.Array | pa.ChunkedArray, file: str, field: str) -> None:
     """Every value is UuidToString's "<u64>-<u64>"."""
     ok = pc.match_substring_regex(values, _UUID_PATTERN)
-    if ok.null_count or not pc.all(ok).as_py() and len(values):
-        bad = values.filter(pc.invert(pc.fill_null(ok, False)))[0].as_py()
+    if len(values) and not pc.all(ok).as_py():
+        bad = values.filter(pc.invert(ok))[0].as_py()
         raise SnapshotFieldError(file, field, f"{bad!r} is not an upstream UUID string")
     # 20-digit halves compare as strings: only those above 2**64 - 1 are out of range
     parts = pc.list_flatten(pc.split_pattern(values, "-"))

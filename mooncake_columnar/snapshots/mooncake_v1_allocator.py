@@ -122,9 +122,9 @@ class ZstdBudget:
             try:
                 out = unzstd(data, what, self.left)
             except SnapshotDecompressionLimit:
-                raise SnapshotDecompressionLimit(what, "zstd frame", f"the payload's frames "
-                                                 f"together exceed its cap of {self.cap} "
-                                                 "bytes") from None
+                raise SnapshotDecompressionLimit(what, "zstd frame", f"over the payload's cap of "
+                                                 f"{self.cap} bytes (its frames together)"
+                                                 ) from None
         self.left -= len(out)
         return out
 
