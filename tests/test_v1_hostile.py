@@ -22,7 +22,6 @@ import pytest
 import zstandard
 
 from mooncake_columnar.clock import NS_PER_S, ManualClocks
-from mooncake_columnar.config import MasterConfig
 from mooncake_columnar.errors import (
     InvalidParams,
     MooncakeError,
@@ -31,7 +30,6 @@ from mooncake_columnar.errors import (
     SnapshotFieldError,
 )
 from mooncake_columnar.master import MasterService
-from mooncake_columnar.snapshots.manager import SnapshotManager, restore_master
 from mooncake_columnar.snapshots.mooncake_v1 import (
     METADATA_FILE,
     SEGMENTS_FILE,
@@ -42,6 +40,11 @@ from mooncake_columnar.snapshots.mooncake_v1 import (
     shard_indices,
 )
 from mooncake_columnar.snapshots.repository import SnapshotRepository
+
+try:
+    from test_snapshot_hostile_storage import _restore, _snapshots
+except ImportError:  # tests collected as a package
+    from tests.test_snapshot_hostile_storage import _restore, _snapshots
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "mooncake_v1"
@@ -83,7 +86,8 @@ def _zstd(value) -> bytes:
 
 def _run_child(*args: str, timeout: int = 300) -> dict:
     """Run this module's ``__main__`` in a fresh interpreter; its last stdout line is JSON."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"child crashed (rc {proc.returncode}): {proc.stderr[-3000:]}"
@@ -91,10 +95,11 @@ def _run_child(*args: str, timeout: int = 300) -> dict:
 
 
 # ---- zstd bombs -----------------------------------------------------------------------------------
-def _bomb(size: int, declare_size: bool, prefix: bytes = b"") -> bytes:
-    """One zstd frame of ``prefix`` then zeros, ``size`` bytes in all (tens of KB stored)."""
+def _bomb(size: int, declare_size: bool, prefix: bytes = b"", fill: bytes = b"\0") -> bytes:
+    """One zstd frame of ``prefix`` then ``fill`` bytes, ``size`` bytes in all (tens of KB
+    stored), compressed a MB at a time."""
     cobj = zstandard.ZstdCompressor(level=3).compressobj(size=size if declare_size else -1)
-    parts, chunk, left = [cobj.compress(prefix)], bytes(MB), size - len(prefix)
+    parts, chunk, left = [cobj.compress(prefix)], fill * MB, size - len(prefix)
     while left > 0:
         parts.append(cobj.compress(chunk[:min(left, MB)]))
         left -= MB
@@ -115,18 +120,12 @@ def _child_bomb(where: str) -> dict:
         payloads[TASK_MANAGER_FILE] = _bomb(size, True)
     elif where == "shard_valid_msgpack":  # {"metadata": [[], [], ...]}: parses if decompressed
         top = msgpack.unpackb(payloads[METADATA_FILE], strict_map_key=False)
-        head = b"\x81" + msgpack.packb("metadata") + b"\xdd" + (size - 14).to_bytes(4, "big")
-        idx = next(iter(top["shards"]))
-        # zeros are not [] (0x90), so build the array from 0x90 bytes instead
-        cobj = zstandard.ZstdCompressor(level=3).compressobj(size=size)
-        body, left, parts = b"\x90" * MB, size - len(head), [cobj.compress(head)]
-        while left > 0:
-            parts.append(cobj.compress(body[:min(left, MB)]))
-            left -= MB
-        top["shards"][idx] = b"".join(parts) + cobj.flush()
+        head = b"\x81" + msgpack.packb("metadata") + b"\xdd" + (size - 15).to_bytes(4, "big")
+        top["shards"][next(iter(top["shards"]))] = _bomb(size, True, head, b"\x90")
         payloads[METADATA_FILE] = msgpack.packb(top)
     elif where == "shard_within_ratio":  # the most Python objects a frame inside the cap holds:
-        # 64 x 32 KB of empty arrays ([] is 1 byte, 64 as a list) next to 32 KB of random bytes
+        # 64 x 32 KB of empty arrays (1 byte stored, about 64 in memory each) beside 32 KB of
+        # random bytes, so that the frame stays inside the ratio
         top = msgpack.unpackb(payloads[METADATA_FILE], strict_map_key=False)
         n = 64 * (32 << 10)
         raw = (b"\x81" + msgpack.packb("metadata") + b"\xdd" + (n + 1).to_bytes(4, "big")
@@ -162,14 +161,16 @@ def test_worst_msgpack_inside_the_ratio_cap_stays_under_300_mb() -> None:
 def test_configured_maximum_refuses_a_file_within_the_ratio() -> None:
     payloads = _payloads("many_1000")
     assert _decode(payloads).objects.num_rows == 1000  # the default maximum fits a real file
-    with pytest.raises(SnapshotDecompressionLimit, match=r"metadata shard \d+: zstd frame: over the payload's cap of 100000"):
+    with pytest.raises(SnapshotDecompressionLimit,
+                       match=r"metadata shard \d+: zstd frame: over the payload's cap of 100000"):
         _decode(payloads, max_decompressed_bytes=100_000)  # the shards hold 186 KB
     with pytest.raises(SnapshotDecompressionLimit, match="segments"):
         _decode(payloads, max_decompressed_bytes=60_000)  # segments holds 98 KB
     # a frame compressing 4:1 (inside the ratio) but over the configured maximum
     data = np.random.default_rng(0).integers(0, 4, 4 * MB, dtype=np.uint8).tobytes()
     payloads[TASK_MANAGER_FILE] = zstandard.ZstdCompressor().compress(data)
-    with pytest.raises(SnapshotDecompressionLimit, match="task_manager: zstd frame: over the payload's cap"):
+    with pytest.raises(SnapshotDecompressionLimit,
+                       match="task_manager: zstd frame: over the payload's cap"):
         _decode(payloads, max_decompressed_bytes=2 * MB)
 
 
@@ -179,7 +180,7 @@ def test_configured_maximum_must_be_a_positive_int(bad) -> None:
         _decode(_payloads("small_6"), max_decompressed_bytes=bad)
 
 
-# ---- lost shards, keys in the wrong shard ---------------------------------------------------------
+# ---- lost shards, keys in the wrong shard -------------------------------------------------------
 def test_duplicate_shard_key_rejects_the_whole_candidate() -> None:
     payloads = _payloads("many_1000")
     top = msgpack.unpackb(payloads[METADATA_FILE], strict_map_key=False)
@@ -187,7 +188,8 @@ def test_duplicate_shard_key_rejects_the_whole_candidate() -> None:
     # the second shard's key flipped into the first's: a dict would keep one of the two
     pairs = [(keys[0] if i == 1 else k, top["shards"][k]) for i, k in enumerate(keys)]
     payloads[METADATA_FILE] = _metadata_with_shards(top, pairs)
-    with pytest.raises(SnapshotFieldError, match=f"metadata: msgpack map: map key {keys[0]} appears"):
+    with pytest.raises(SnapshotFieldError,
+                       match=f"metadata: msgpack map: map key {keys[0]} appears"):
         _decode(payloads)
 
 
@@ -203,38 +205,18 @@ def test_duplicate_key_in_a_nested_map_rejects_the_candidate() -> None:
         _decode(payloads)
 
 
-def _v1_snapshots(repo: SnapshotRepository, n: int) -> tuple[ManualClocks, list[str]]:
-    """``n`` v1 snapshots 10 s apart; snapshot i holds keys k0..k(3i+2) (several shards)."""
-    clocks = ManualClocks(steady_ns=1_000 * NS_PER_S, system_ns=1_796_000_000 * NS_PER_S)
-    m = MasterService(MasterConfig(), clocks=clocks)
-    m.mount_segment("seg_a", endpoint="seg_a:1", client_id="1001-1002", base=1 << 32, size=1 << 20)
-    manager = SnapshotManager(m, repo, retention=10, prefault=False, write_v1=True)
-    ids = []
-    for i in range(n):
-        for j in range(3):
-            m.put_start(f"k{3 * i + j}", 100, client_id="3001-3002")
-            m.put_end(f"k{3 * i + j}", client_id="3001-3002")
-        ids.append(manager.snapshot_now())
-        clocks.advance(s=10)
-    return clocks, ids
-
-
 def test_lost_shard_falls_back_to_the_older_snapshot(tmp_path: Path) -> None:
     repo = SnapshotRepository(tmp_path)
-    clocks, (older, newer) = _v1_snapshots(repo, 2)
+    _, clocks, (older, newer) = _snapshots(repo, 2, write_v1=True)  # k0; k0 and k1
     meta_path = tmp_path / "mooncake_cluster" / newer / METADATA_FILE
     top = msgpack.unpackb(meta_path.read_bytes(), strict_map_key=False)
     keys = list(top["shards"])
-    assert len(keys) >= 2
-    meta_path.write_bytes(_metadata_with_shards(
-        top, [(keys[0] if i == 1 else k, top["shards"][k]) for i, k in enumerate(keys)]))
-    later = ManualClocks(steady_ns=7 * NS_PER_S, system_ns=clocks.system_ns() + NS_PER_S)
-    master, stats = restore_master(repo, clocks=later, snapshot_restore_drop_expired=False,
-                                   prefault=False)
+    assert len(keys) == 2  # k0 and k1 route to different shards
+    meta_path.write_bytes(_metadata_with_shards(top, [(keys[0], top["shards"][k]) for k in keys]))
+    master, stats = _restore(repo, clocks)
     assert stats.snapshot_id == older and stats.fallbacks == 1
     assert stats.failures[0][0] == newer and "appears more than once" in stats.failures[0][1]
-    assert {master.exist_key(f"k{i}") for i in range(3)} == {True}
-    assert not master.exist_key("k3")  # nothing from the rejected candidate
+    assert master.exist_key("k0") and not master.exist_key("k1")  # nothing of the newer one
 
 
 def test_key_in_the_wrong_shard_rejects_the_candidate() -> None:
@@ -323,7 +305,7 @@ def test_decode_failures_are_typed_and_named(damage: str, file: str, field: str 
         assert isinstance(info.value, SnapshotFieldError) and info.value.file.startswith(file)
 
 
-# ---- seeded mutations over the real fixtures -------------------------------------------------------
+# ---- seeded mutations over the real fixtures ----------------------------------------------------
 _FORGED = (-1, 0, 1, 255, 256, 1 << 31, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, -(1 << 63),
            "", "x", "0-0", "18446744073709551615-1", "99999999999999999999-0", None, True, False,
            [], {}, 1.5, b"\x00", [1, 2, 3], {"a": 1}, "\x00MARK")
@@ -346,10 +328,11 @@ def _replace(value, path, new):
     if not path:
         return new
     head = path[0]
-    if isinstance(head, tuple) and head[0] == "key":
-        items = list(value.items())
-        return dict((new if k == head[1] else k, v) for k, v in items) if new not in value or \
-            new == head[1] else {k: v for k, v in items if k != head[1]}  # a merge loses the entry
+    if isinstance(head, tuple):  # a map key renamed; onto another existing key, the entry is lost
+        old = head[1]
+        if new in value and new != old:
+            return {k: v for k, v in value.items() if k != old}
+        return {(new if k == old else k): v for k, v in value.items()}
     copy = dict(value) if isinstance(value, dict) else list(value)
     copy[head] = _replace(value[head], path[1:], new)
     return copy
@@ -397,8 +380,8 @@ def _mutate(payloads: dict[str, bytes], rng: random.Random) -> tuple[str, dict[s
         if kind == "forged":  # one value (or map key) forged
             path = rng.choice(list(_nodes(value)))
             new = rng.choice(_FORGED)
-            if isinstance(path[-1] if path else None, tuple) and not isinstance(new, (int, str, bytes)):
-                new = rng.choice((-1, 1 << 63, "x"))
+            if path and isinstance(path[-1], tuple) and not isinstance(new, (int, str, bytes)):
+                new = rng.choice((-1, 1 << 63, "x"))  # a map key stays hashable
             value = _replace(value, path, new)
         else:  # an item dropped, repeated or moved between shards; a top-level field dropped
             container = value.get("metadata", value.get("ms")) if isinstance(value, dict) else value

@@ -209,25 +209,26 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
     return table, index
 
 
+def _object_error(file: str, tenant: str, key: str, message: str) -> SnapshotFieldError:
+    return SnapshotFieldError(file, f"object {tenant!r}/{key!r}", message)
+
+
 def _parse_meta(file: str, tenant: str, key: str, meta: Any, objs: dict[str, list],
                 reps: dict[str, list]) -> None:
     """Append one object (upstream DeserializeMetadata layout) to the column lists."""
-    def fail(message: str) -> SnapshotFieldError:
-        return SnapshotFieldError(file, f"object {tenant!r}/{key!r}", message)
-
     if not isinstance(meta, list) or len(meta) < 7:
-        raise fail("metadata is not an array of >= 7")
+        raise _object_error(file, tenant, key, "metadata is not an array of >= 7")
     client, put_start, size, lease, has_soft_pin, soft_pin, count = meta[:7]
     if not (isinstance(client, str) and _is_int64(put_start) and is_uint(size)
             and _is_int64(lease) and type(has_soft_pin) is bool and is_uint(soft_pin)
             and is_uint(count)):
-        raise fail("bad fixed fields")
+        raise _object_error(file, tenant, key, "bad fixed fields")
     pos, data_type = 7, 0
     if pos < len(meta) and type(meta[pos]) is int:  # optional data_type before the replicas
         data_type, pos = meta[pos], pos + 1
     rest = meta[pos + count:]
     if len(meta) < pos + count or len(rest) > 3:
-        raise fail(f"{len(meta)} fields for {count} replicas")
+        raise _object_error(file, tenant, key, f"{len(meta)} fields for {count} replicas")
     hard_pinned, group = False, ""
     i = 0
     if i < len(rest) and type(rest[i]) is bool:
@@ -237,20 +238,20 @@ def _parse_meta(file: str, tenant: str, key: str, meta: Any, objs: dict[str, lis
     if i < len(rest) and is_uint(rest[i]):
         i += 1  # object checksum: no column for it in SnapshotState
     if i != len(rest) or not (0 <= data_type <= 255):
-        raise fail(f"unexpected optional fields {rest!r}")
+        raise _object_error(file, tenant, key, f"unexpected optional fields {rest!r}")
     obj_index = len(objs["key"])
     statuses = []
     for rep in meta[pos:pos + count]:
         if not (isinstance(rep, list) and len(rep) == 4 and is_uint(rep[0])
                 and type(rep[1]) is int and type(rep[2]) is int):
-            raise fail("malformed replica")
+            raise _object_error(file, tenant, key, "malformed replica")
         if rep[2] != UPSTREAM_REPLICA_MEMORY:
-            raise fail(f"replica type {rep[2]} is not supported")
+            raise _object_error(file, tenant, key, f"replica type {rep[2]} is not supported")
         buf = rep[3]
         if not (isinstance(buf, list) and len(buf) == 5 and is_uint(buf[0]) and is_uint(buf[1])
                 and isinstance(buf[2], str) and type(buf[3]) is bool
                 and (buf[4] is None or isinstance(buf[4], list))):
-            raise fail("malformed memory buffer")
+            raise _object_error(file, tenant, key, "malformed memory buffer")
         reps["object_index"].append(obj_index)
         reps["replica_id"].append(rep[0])
         reps["status"].append(rep[1])
@@ -320,7 +321,8 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
     :class:`~mooncake_columnar.errors.SnapshotError` naming the file and field.
     """
     if type(max_decompressed_bytes) is not int or max_decompressed_bytes <= 0:
-        raise InvalidParams(f"max_decompressed_bytes {max_decompressed_bytes!r} is not a positive int")
+        raise InvalidParams(f"max_decompressed_bytes {max_decompressed_bytes!r} is not a "
+                            "positive int")
     for name in V1_FILES:
         if not isinstance(payloads.get(name), bytes):
             raise SnapshotPayloadError(f"v1 payload {name} is missing")
