@@ -7,7 +7,12 @@ Lease deadlines are system-clock ms and pass through the Phase 2 adapter; v1 has
 Unlike upstream's decoder, which logs and skips an object it cannot parse, any bad object here
 fails the whole candidate (RFC: never skip one corrupted object while claiming a complete restore).
 msgpack yields one Python object per item, so building the columns walks the decoded items once;
-everything after that (segment resolution, offsets, deadlines, validation) is vectorized.
+everything after that (segment resolution, offsets, deadlines, shard routing, validation) is
+vectorized. Stored bytes are hostile: every zstd frame is capped before its output is allocated
+(a multiple of its stored size, and ``max_decompressed_bytes`` per payload file); a repeated
+msgpack map key (one flipped bit can turn a shard's key into another's, and a dict would drop a
+shard) and a key filed in a shard it does not route to fail the candidate; every failure is a
+:class:`~mooncake_columnar.errors.SnapshotFieldError` naming the file (and shard) and the field.
 
 Not represented in :class:`SnapshotState` and therefore dropped on read: replication/offload tasks
 (``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway),
@@ -325,7 +330,7 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
                             "positive int")
     for name in V1_FILES:
         if not isinstance(payloads.get(name), bytes):
-            raise SnapshotPayloadError(f"v1 payload {name} is missing")
+            raise SnapshotFieldError(name, "payload", "missing, or not bytes")
     segments, seg_index = _decode_segments(payloads[SEGMENTS_FILE], max_decompressed_bytes)
     top = _unpack(payloads[METADATA_FILE], METADATA_FILE)
     if not isinstance(top, dict) or set(top) != {"shards", "discarded_replicas", "replica_next_id"}:
