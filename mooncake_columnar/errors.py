@@ -312,3 +312,18 @@ class NoUsableStandbySnapshot(StandbySnapshotError):
     def __init__(self, message: str, notes: list[str] | None = None):
         self.notes = list(notes or ())
         super().__init__(message)
+
+
+class SnapshotFieldError(SnapshotPayloadError):
+    """A decoded payload field is malformed, of the wrong type or outside its domain (v1 msgpack);
+    ``file`` names the payload (and shard), ``field`` the field."""
+
+    def __init__(self, file: str, field: str, message: str):
+        self.file = file
+        self.field = field
+        super().__init__(f"{file}: {field}: {message}")
+
+
+class SnapshotDecompressionLimit(SnapshotFieldError):
+    """A zstd frame, or a payload's frames together, would decompress past the cap (a multiple of
+    the stored size, or the configured maximum); refused before the output is allocated."""

@@ -7,7 +7,12 @@ Lease deadlines are system-clock ms and pass through the Phase 2 adapter; v1 has
 Unlike upstream's decoder, which logs and skips an object it cannot parse, any bad object here
 fails the whole candidate (RFC: never skip one corrupted object while claiming a complete restore).
 msgpack yields one Python object per item, so building the columns walks the decoded items once;
-everything after that (segment resolution, offsets, deadlines, validation) is vectorized.
+everything after that (segment resolution, offsets, deadlines, shard routing, validation) is
+vectorized. Stored bytes are hostile: every zstd frame is capped before its output is allocated
+(a multiple of its stored size, and ``max_decompressed_bytes`` per payload file); a repeated
+msgpack map key (one flipped bit can turn a shard's key into another's, and a dict would drop a
+shard) and a key filed in a shard it does not route to fail the candidate; every failure is a
+:class:`~mooncake_columnar.errors.SnapshotFieldError` naming the file (and shard) and the field.
 
 Not represented in :class:`SnapshotState` and therefore dropped on read: replication/offload tasks
 (``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway),
@@ -27,7 +32,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import zstandard
 
-from ..errors import SerializeFail, SnapshotPayloadError
+from ..errors import (
+    InvalidParams,
+    SerializeFail,
+    SnapshotFieldError,
+    SnapshotPayloadError,
+)
+from ..kernels.upstream_hash import murmur64a
 from ..schema import (
     KIND_MEMORY,
     OBJECTS_ARROW_SCHEMA,
@@ -39,12 +50,13 @@ from ..schema import (
 from .convert import convert_legacy_ms_deadlines, legacy_system_deadline_ms
 from .manifest import snapshot_id_for, v1_manifest
 from .mooncake_v1_allocator import (
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
     SegmentAllocators,
+    ZstdBudget,
     derive_allocators,
     is_uint,
     pack_allocator,
     pack_handle,
-    unzstd,
 )
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
@@ -66,29 +78,61 @@ _U64 = (1 << 64) - 1
 
 
 # ---- helpers --------------------------------------------------------------------------------------
-def _unpack(data: bytes, what: str) -> Any:
+class _BadMapKey(Exception):
+    """Raised inside msgpack's map hook; _unpack names the file."""
+
+
+def _unique_map(pairs: list[tuple[Any, Any]]) -> dict:
+    """A msgpack map as a dict, refusing a repeated key: a dict would keep only the last value
+    (a bit flip that turns one shard's key into another's would silently drop that shard)."""
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
-        raise SnapshotPayloadError(f"{what}: bad msgpack: {e}") from None
+        out = dict(pairs)
+    except TypeError:  # a map or array used as a key
+        raise _BadMapKey("unhashable map key") from None
+    if len(out) != len(pairs):  # name the first repeated key
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _BadMapKey(f"map key {key!r} appears more than once")
+            seen.add(key)
+    return out
+
+
+def _unpack(data: bytes, file: str) -> Any:
+    """One msgpack value filling ``data``; maps are dicts without repeated keys (one hook call
+    per map: v1 maps are per file and per shard, never per object)."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, object_pairs_hook=_unique_map)
+    except _BadMapKey as e:
+        raise SnapshotFieldError(file, "msgpack map", str(e)) from None
+    # ValueError covers ExtraData, FormatError, StackError and UnicodeDecodeError (bad UTF-8)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise SnapshotFieldError(file, "msgpack", f"bad msgpack: {type(e).__name__}: {e}") from None
 
 
 def _is_int64(v: Any) -> bool:
     return type(v) is int and -(1 << 63) <= v < (1 << 63)
 
 
-def _array(values: list, type_: pa.DataType, what: str) -> pa.Array:
+def _array(values: list, type_: pa.DataType, file: str, field: str) -> pa.Array:
     try:
         return pa.array(values, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as e:
-        raise SnapshotPayloadError(f"{what}: wrong value type: {e}") from None
+        raise SnapshotFieldError(file, field, f"wrong value type: {e}") from None
 
 
-def _check_uuids(values: pa.Array | pa.ChunkedArray, what: str) -> None:
+def _check_uuids(values: pa.Array | pa.ChunkedArray, file: str, field: str) -> None:
+    """Every value is UuidToString's "<u64>-<u64>"."""
     ok = pc.match_substring_regex(values, _UUID_PATTERN)
-    if not pc.all(ok).as_py() and len(values):
+    if len(values) and not pc.all(ok).as_py():
         bad = values.filter(pc.invert(ok))[0].as_py()
-        raise SnapshotPayloadError(f"{what}: {bad!r} is not an upstream UUID string")
+        raise SnapshotFieldError(file, field, f"{bad!r} is not an upstream UUID string")
+    # 20-digit halves compare as strings: only those above 2**64 - 1 are out of range
+    parts = pc.list_flatten(pc.split_pattern(values, "-"))
+    wide = pc.and_(pc.equal(pc.utf8_length(parts), 20), pc.greater(parts, str(_U64)))
+    if pc.any(wide).as_py():
+        raise SnapshotFieldError(file, field, f"UUID half {parts.filter(wide)[0].as_py()!r} is "
+                                 "above 2**64 - 1")
 
 
 def shard_index(routing_key: str) -> int:
@@ -109,33 +153,50 @@ def shard_index(routing_key: str) -> int:
     return (h ^ (h >> 47)) % NUM_SHARDS
 
 
+def shard_indices(routing_keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """:func:`shard_index` of every string of an Arrow column (one kernel call)."""
+    arr = routing_keys.cast(pa.large_string())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if len(arr) == 0:
+        return np.zeros(0, np.int64)
+    _, offsets, data = arr.buffers()
+    offsets = np.frombuffer(offsets, np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    return (murmur64a(data, offsets) % np.uint64(NUM_SHARDS)).astype(np.int64)
+
+
 # ---- read ---------------------------------------------------------------------------------------
-def _decode_segments(raw: bytes) -> tuple[pa.Table, dict[str, int]]:
+def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, int]]:
     """Segments table (``used`` filled later) and segment UUID -> row."""
-    top = _unpack(unzstd(raw, SEGMENTS_FILE), SEGMENTS_FILE)
+    f = SEGMENTS_FILE
+    top = _unpack(ZstdBudget(len(raw), max_bytes).unzstd(raw, f), f)
     if not isinstance(top, dict) or not {"ma", "an", "ms", "cs", "ld"} <= set(top):
-        raise SnapshotPayloadError("segments: expected a map with ma, an, ms, cs, ld")
+        raise SnapshotFieldError(f, "top level", "expected a map with ma, an, ms, cs, ld")
     if top["ma"] != UPSTREAM_ALLOCATOR_OFFSET:
-        raise SnapshotPayloadError(f"segments: allocator type {top['ma']!r} is not OFFSET")
+        raise SnapshotFieldError(f, "ma", f"allocator type {top['ma']!r} is not OFFSET")
     mounted, clients = top["ms"], top["cs"]
     if not isinstance(mounted, dict) or not isinstance(clients, dict):
-        raise SnapshotPayloadError("segments: ms/cs must be maps")
+        raise SnapshotFieldError(f, "ms/cs", "must be maps")
     owner: dict[str, str] = {}
     for client, seg_ids in clients.items():  # one entry per client, not per object
         if not isinstance(client, str) or not isinstance(seg_ids, list):
-            raise SnapshotPayloadError("segments: bad client -> segments entry")
+            raise SnapshotFieldError(f, "cs", "bad client -> segments entry")
         for seg_id in seg_ids:
             if not isinstance(seg_id, str) or seg_id in owner:
-                raise SnapshotPayloadError(f"segments: bad or doubly owned segment {seg_id!r}")
+                raise SnapshotFieldError(f, "cs", f"bad or doubly owned segment {seg_id!r}")
             owner[seg_id] = client
-    rows: dict[str, list] = {f.name: [] for f in SEGMENTS_ARROW_SCHEMA}
+    if not all(isinstance(seg_id, str) for seg_id in mounted):  # before sorting them
+        raise SnapshotFieldError(f, "ms", "a mounted segment id is not a string")
+    rows: dict[str, list] = {name: [] for name in SEGMENTS_ARROW_SCHEMA.names}
     index: dict[str, int] = {}
     for seg_id, seg in sorted(mounted.items()):
         if not (isinstance(seg, list) and len(seg) == 9 and seg[0] == seg_id
-                and isinstance(seg[1], str) and is_uint(seg[2]) and _is_int64(seg[3])
-                and seg[3] >= 0 and isinstance(seg[4], str) and type(seg[5]) is int
-                and type(seg[6]) is bool and (isinstance(seg[7], list) or not seg[6])):
-            raise SnapshotPayloadError(f"segments: malformed MountedSegment {seg_id!r}")
+                and isinstance(seg[1], str) and _is_int64(seg[2]) and seg[2] >= 0
+                and _is_int64(seg[3]) and seg[3] >= 0 and isinstance(seg[4], str)
+                and type(seg[5]) is int and type(seg[6]) is bool
+                and (isinstance(seg[7], list) or not seg[6])):
+            raise SnapshotFieldError(f, f"ms[{seg_id!r}]", "malformed MountedSegment")
         index[seg_id] = len(index)
         rows["name"].append(seg[1])
         rows["endpoint"].append(seg[4])
@@ -145,31 +206,34 @@ def _decode_segments(raw: bytes) -> tuple[pa.Table, dict[str, int]]:
         rows["used"].append(0)  # filled from the replicas by with_usage
         rows["readable"].append(seg[5] == SEGMENT_STATUS_OK)
     if set(owner) - set(index):
-        raise SnapshotPayloadError("segments: a client owns a segment that is not mounted")
-    table = pa.table({f.name: _array(rows[f.name], f.type, f"segments.{f.name}")
-                      for f in SEGMENTS_ARROW_SCHEMA}, schema=SEGMENTS_ARROW_SCHEMA)
-    _check_uuids(pa.array(list(index), pa.string()), "segment id")
-    _check_uuids(pa.array(list(owner.values()), pa.string()), "segment owner")
+        raise SnapshotFieldError(f, "cs", "a client owns a segment that is not mounted")
+    table = pa.table({fl.name: _array(rows[fl.name], fl.type, f, f"ms.{fl.name}")
+                      for fl in SEGMENTS_ARROW_SCHEMA}, schema=SEGMENTS_ARROW_SCHEMA)
+    _check_uuids(pa.array(list(index), pa.string()), f, "ms segment id")
+    _check_uuids(pa.array(list(owner.values()), pa.string()), f, "cs client id")
     return table, index
 
 
-def _parse_meta(tenant: str, key: str, meta: Any, objs: dict[str, list], reps: dict[str, list]
-                ) -> None:
+def _object_error(file: str, tenant: str, key: str, message: str) -> SnapshotFieldError:
+    return SnapshotFieldError(file, f"object {tenant!r}/{key!r}", message)
+
+
+def _parse_meta(file: str, tenant: str, key: str, meta: Any, objs: dict[str, list],
+                reps: dict[str, list]) -> None:
     """Append one object (upstream DeserializeMetadata layout) to the column lists."""
-    where = f"object {tenant!r}/{key!r}"
     if not isinstance(meta, list) or len(meta) < 7:
-        raise SnapshotPayloadError(f"{where}: metadata is not an array of >= 7")
+        raise _object_error(file, tenant, key, "metadata is not an array of >= 7")
     client, put_start, size, lease, has_soft_pin, soft_pin, count = meta[:7]
     if not (isinstance(client, str) and _is_int64(put_start) and is_uint(size)
             and _is_int64(lease) and type(has_soft_pin) is bool and is_uint(soft_pin)
             and is_uint(count)):
-        raise SnapshotPayloadError(f"{where}: bad fixed fields")
+        raise _object_error(file, tenant, key, "bad fixed fields")
     pos, data_type = 7, 0
     if pos < len(meta) and type(meta[pos]) is int:  # optional data_type before the replicas
         data_type, pos = meta[pos], pos + 1
     rest = meta[pos + count:]
     if len(meta) < pos + count or len(rest) > 3:
-        raise SnapshotPayloadError(f"{where}: {len(meta)} fields for {count} replicas")
+        raise _object_error(file, tenant, key, f"{len(meta)} fields for {count} replicas")
     hard_pinned, group = False, ""
     i = 0
     if i < len(rest) and type(rest[i]) is bool:
@@ -179,20 +243,20 @@ def _parse_meta(tenant: str, key: str, meta: Any, objs: dict[str, list], reps: d
     if i < len(rest) and is_uint(rest[i]):
         i += 1  # object checksum: no column for it in SnapshotState
     if i != len(rest) or not (0 <= data_type <= 255):
-        raise SnapshotPayloadError(f"{where}: unexpected optional fields {rest!r}")
+        raise _object_error(file, tenant, key, f"unexpected optional fields {rest!r}")
     obj_index = len(objs["key"])
     statuses = []
     for rep in meta[pos:pos + count]:
         if not (isinstance(rep, list) and len(rep) == 4 and is_uint(rep[0])
                 and type(rep[1]) is int and type(rep[2]) is int):
-            raise SnapshotPayloadError(f"{where}: malformed replica")
+            raise _object_error(file, tenant, key, "malformed replica")
         if rep[2] != UPSTREAM_REPLICA_MEMORY:
-            raise SnapshotPayloadError(f"{where}: replica type {rep[2]} is not supported")
+            raise _object_error(file, tenant, key, f"replica type {rep[2]} is not supported")
         buf = rep[3]
         if not (isinstance(buf, list) and len(buf) == 5 and is_uint(buf[0]) and is_uint(buf[1])
                 and isinstance(buf[2], str) and type(buf[3]) is bool
                 and (buf[4] is None or isinstance(buf[4], list))):
-            raise SnapshotPayloadError(f"{where}: malformed memory buffer")
+            raise _object_error(file, tenant, key, "malformed memory buffer")
         reps["object_index"].append(obj_index)
         reps["replica_id"].append(rep[0])
         reps["status"].append(rep[1])
@@ -213,84 +277,130 @@ def _parse_meta(tenant: str, key: str, meta: Any, objs: dict[str, list], reps: d
     objs["replica_count"].append(count)
 
 
-def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_steady_ns: int
-              ) -> SnapshotState:
-    """A validated SnapshotState with lease deadlines in the restoring steady domain (S1, C1)."""
+def _parse_shards(shards: dict, budget: ZstdBudget, objs: dict[str, list], reps: dict[str, list]
+                  ) -> np.ndarray:
+    """Parse every shard's objects into the column lists; returns each object's shard index."""
+    shard_of: list[int] = []
+    counts: list[int] = []
+    for shard_idx, blob in shards.items():
+        if not (is_uint(shard_idx) and shard_idx < NUM_SHARDS):
+            raise SnapshotFieldError(METADATA_FILE, "shards", f"bad shard index {shard_idx!r}")
+        file = f"{METADATA_FILE} shard {shard_idx}"
+        shard = _unpack(budget.unzstd(blob, file), file)
+        if not isinstance(shard, dict) or set(shard) != {"metadata"} \
+                or not isinstance(shard["metadata"], list):
+            raise SnapshotFieldError(file, "top level", "expected {metadata: [...]}")
+        for item in shard["metadata"]:
+            if isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) \
+                    and isinstance(item[1], str):
+                _parse_meta(file, item[0], item[1], item[2], objs, reps)
+            elif isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+                _parse_meta(file, DEFAULT_TENANT, item[0], item[1], objs, reps)  # legacy item
+            else:
+                raise SnapshotFieldError(file, "metadata", "malformed item")
+        shard_of.append(shard_idx)
+        counts.append(len(shard["metadata"]))
+    return np.repeat(np.asarray(shard_of, np.int64), np.asarray(counts, np.int64))
+
+
+def _check_routing(objects: pa.Table, shard_of: np.ndarray) -> None:
+    """Every object sits in the shard upstream routes it to (group id, else key): a key moved
+    to another shard is a damaged file, and upstream would never find it there."""
+    group = objects.column("group")
+    routed = shard_indices(pc.if_else(pc.equal(group, ""), objects.column("key"), group))
+    bad = np.flatnonzero(routed != shard_of)
+    if bad.size:
+        row = int(bad[0])
+        raise SnapshotFieldError(
+            f"{METADATA_FILE} shard {int(shard_of[row])}", "key",
+            f"{objects.column('key')[row].as_py()!r} belongs in shard {int(routed[row])}")
+
+
+def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_steady_ns: int,
+              max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> SnapshotState:
+    """A validated SnapshotState with lease deadlines in the restoring steady domain (S1, C1).
+
+    ``max_decompressed_bytes``: the most one payload file's zstd frames may decompress to
+    together (each frame is also held to a multiple of its stored size,
+    :data:`~.mooncake_v1_allocator.ZSTD_MAX_RATIO`). Every decode failure raises a
+    :class:`~mooncake_columnar.errors.SnapshotError` naming the file and field.
+    """
+    if type(max_decompressed_bytes) is not int or max_decompressed_bytes <= 0:
+        raise InvalidParams(f"max_decompressed_bytes {max_decompressed_bytes!r} is not a "
+                            "positive int")
     for name in V1_FILES:
-        if name not in payloads:
-            raise SnapshotPayloadError(f"v1 payload {name} is missing")
-    segments, seg_index = _decode_segments(payloads[SEGMENTS_FILE])
+        if not isinstance(payloads.get(name), bytes):
+            raise SnapshotFieldError(name, "payload", "missing, or not bytes")
+    segments, seg_index = _decode_segments(payloads[SEGMENTS_FILE], max_decompressed_bytes)
     top = _unpack(payloads[METADATA_FILE], METADATA_FILE)
     if not isinstance(top, dict) or set(top) != {"shards", "discarded_replicas", "replica_next_id"}:
-        raise SnapshotPayloadError("metadata: expected shards, discarded_replicas, replica_next_id")
+        raise SnapshotFieldError(METADATA_FILE, "top level",
+                                 "expected shards, discarded_replicas, replica_next_id")
     if not isinstance(top["shards"], dict) or not isinstance(top["discarded_replicas"], list) \
             or not is_uint(top["replica_next_id"]):
-        raise SnapshotPayloadError("metadata: malformed top-level fields")
-    tasks = _unpack(unzstd(payloads[TASK_MANAGER_FILE], TASK_MANAGER_FILE), TASK_MANAGER_FILE)
+        raise SnapshotFieldError(METADATA_FILE, "top level", "malformed top-level fields")
+    raw_tasks = payloads[TASK_MANAGER_FILE]
+    tasks = _unpack(ZstdBudget(len(raw_tasks), max_decompressed_bytes).unzstd(
+        raw_tasks, TASK_MANAGER_FILE), TASK_MANAGER_FILE)
     if not isinstance(tasks, list) or any(not (isinstance(t, list) and len(t) == 8) for t in tasks):
-        raise SnapshotPayloadError("task_manager: expected an array of 8-field tasks")
+        raise SnapshotFieldError(TASK_MANAGER_FILE, "tasks", "expected an array of 8-field tasks")
     objs: dict[str, list] = {k: [] for k in (
         "tenant", "key", "client", "size_bytes", "data_type", "group", "hard_pinned", "lease_ms",
         "put_start_time_ms", "processing", "replica_count")}
     reps: dict[str, list] = {k: [] for k in (
         "object_index", "replica_id", "status", "segment_id", "buffer_ptr", "size")}
-    for shard_idx, blob in top["shards"].items():
-        if not (is_uint(shard_idx) and shard_idx < NUM_SHARDS):
-            raise SnapshotPayloadError(f"metadata: bad shard index {shard_idx!r}")
-        shard = _unpack(unzstd(blob, f"metadata shard {shard_idx}"), f"metadata shard {shard_idx}")
-        if not isinstance(shard, dict) or set(shard) != {"metadata"} \
-                or not isinstance(shard["metadata"], list):
-            raise SnapshotPayloadError(f"metadata shard {shard_idx}: expected {{metadata: [...]}}")
-        for item in shard["metadata"]:
-            if isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) \
-                    and isinstance(item[1], str):
-                _parse_meta(item[0], item[1], item[2], objs, reps)
-            elif isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
-                _parse_meta(DEFAULT_TENANT, item[0], item[1], objs, reps)  # legacy item
-            else:
-                raise SnapshotPayloadError(f"metadata shard {shard_idx}: malformed item")
+    budget = ZstdBudget(len(payloads[METADATA_FILE]), max_decompressed_bytes)
+    shard_of = _parse_shards(top["shards"], budget, objs, reps)
 
-    client = _array(objs["client"], pa.string(), "objects.client")
-    _check_uuids(client, "object client_id")
-    lease_ms = np.asarray(_array(objs["lease_ms"], pa.int64(), "lease").to_numpy())
+    f = METADATA_FILE
+    client = _array(objs["client"], pa.string(), f, "objects.client")
+    _check_uuids(client, f, "objects.client")
+    lease_ms = np.asarray(_array(objs["lease_ms"], pa.int64(), f, "objects.lease").to_numpy())
     lease = convert_legacy_ms_deadlines(lease_ms, restore_system_ns=restore_system_ns,
                                         restore_steady_ns=restore_steady_ns)
     n = len(objs["key"])
     objects = pa.table({
-        "tenant": _array(objs["tenant"], pa.string(), "tenant"),
-        "key": _array(objs["key"], pa.string(), "key"),
+        "tenant": _array(objs["tenant"], pa.string(), f, "objects.tenant"),
+        "key": _array(objs["key"], pa.string(), f, "objects.key"),
         "client": client,
-        "size_bytes": _array(objs["size_bytes"], pa.int64(), "size"),
-        "data_type": _array(objs["data_type"], pa.uint8(), "data_type"),
-        "group": _array(objs["group"], pa.string(), "group_id"),
-        "hard_pinned": _array(objs["hard_pinned"], pa.bool_(), "hard_pinned"),
+        "size_bytes": _array(objs["size_bytes"], pa.int64(), f, "objects.size"),
+        "data_type": _array(objs["data_type"], pa.uint8(), f, "objects.data_type"),
+        "group": _array(objs["group"], pa.string(), f, "objects.group_id"),
+        "hard_pinned": _array(objs["hard_pinned"], pa.bool_(), f, "objects.hard_pinned"),
         "soft_pin_enabled": pa.array(np.zeros(n, dtype=bool)),  # v1 does not persist soft pin
         "lease_deadline_ns": pa.array(lease, pa.int64()),
         "soft_pin_deadline_ns": pa.array(np.full(n, np.iinfo(np.int64).min, dtype=np.int64)),
-        "put_start_time_ms": _array(objs["put_start_time_ms"], pa.int64(), "put_start_time"),
-        "processing": _array(objs["processing"], pa.bool_(), "processing"),
-        "replica_count": _array(objs["replica_count"], pa.int32(), "replica_count"),
+        "put_start_time_ms": _array(objs["put_start_time_ms"], pa.int64(), f,
+                                    "objects.put_start_time"),
+        "processing": _array(objs["processing"], pa.bool_(), f, "objects.processing"),
+        "replica_count": _array(objs["replica_count"], pa.int32(), f, "objects.replica_count"),
     }, schema=OBJECTS_ARROW_SCHEMA)
+    _check_routing(objects, shard_of)
 
-    seg_ids = _array(reps["segment_id"], pa.string(), "replica segment_id")
+    seg_ids = _array(reps["segment_id"], pa.string(), f, "replicas.segment_id")
     seg_row = pc.index_in(seg_ids, value_set=pa.array(list(seg_index), pa.string()))
     if seg_row.null_count:
         bad = seg_ids.filter(pc.is_null(seg_row))[0].as_py()
-        raise SnapshotPayloadError(f"memory replica on unknown segment id {bad!r}")
+        raise SnapshotFieldError(f, "replicas.segment_id", f"memory replica on unknown segment "
+                                 f"id {bad!r}")
     seg_row = seg_row.to_numpy(zero_copy_only=False).astype(np.int64)
-    base = segments.column("base").to_numpy()[seg_row]
-    ptr = _array(reps["buffer_ptr"], pa.uint64(), "buffer_ptr").to_numpy()
+    base = segments.column("base").to_numpy().astype(np.uint64)[seg_row]  # bases are >= 0
+    ptr = _array(reps["buffer_ptr"], pa.uint64(), f, "replicas.buffer_ptr").to_numpy()
     if (ptr < base).any():
-        raise SnapshotPayloadError("memory replica buffer below its segment base")
-    status = _array(reps["status"], pa.uint8(), "replica status")
+        raise SnapshotFieldError(f, "replicas.buffer_ptr", "memory replica buffer below its "
+                                 "segment base")
+    offset = ptr - base  # uint64: exact (int64 against uint64 would compare as float64)
+    if (offset > np.uint64(np.iinfo(np.int64).max)).any():
+        raise SnapshotFieldError(f, "replicas.buffer_ptr", "buffer offset beyond int64")
+    status = _array(reps["status"], pa.uint8(), f, "replicas.status")
     replicas = pa.table({
         "object_index": pa.array(np.asarray(reps["object_index"], dtype=np.int64)),
-        "replica_id": _array(reps["replica_id"], pa.uint64(), "replica id"),
+        "replica_id": _array(reps["replica_id"], pa.uint64(), f, "replicas.replica_id"),
         "kind": pa.array(np.full(len(seg_row), KIND_MEMORY, dtype=np.uint8)),
         "status": status,
         "segment": segments.column("name").take(pa.array(seg_row)),
-        "offset": pa.array((ptr - base).astype(np.int64)),
-        "size": _array(reps["size"], pa.int64(), "replica size"),
+        "offset": pa.array(offset.astype(np.int64)),
+        "size": _array(reps["size"], pa.int64(), f, "replicas.size"),
         "readable": pa.array(np.logical_and(
             status.to_numpy(zero_copy_only=False) == ST_COMPLETE,
             segments.column("readable").to_numpy(zero_copy_only=False)[seg_row])),
@@ -321,8 +431,8 @@ def encode_v1(state: SnapshotState, *, system_now_ns: int, steady_now_ns: int
         raise SerializeFail("v1 writer supports MEMORY replicas only")
     owners_col = segments.column("client")
     try:
-        _check_uuids(objects.column("client"), "object client")
-        _check_uuids(owners_col.filter(pc.not_equal(owners_col, "")), "segment owner")
+        _check_uuids(objects.column("client"), "state", "objects.client")
+        _check_uuids(owners_col.filter(pc.not_equal(owners_col, "")), "state", "segments.client")
     except SnapshotPayloadError as e:
         raise SerializeFail(str(e)) from None
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)

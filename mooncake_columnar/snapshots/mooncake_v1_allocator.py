@@ -28,7 +28,13 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from ..errors import SerializeFail, SnapshotIntegrityError, SnapshotPayloadError
+from ..errors import (
+    SerializeFail,
+    SnapshotDecompressionLimit,
+    SnapshotFieldError,
+    SnapshotIntegrityError,
+    SnapshotPayloadError,
+)
 from ..kernels.offset_allocator_v1 import (
     BINS_PER_LEAF,
     NUM_LEAF_BINS,
@@ -51,18 +57,76 @@ _U64 = (1 << 64) - 1
 
 
 # ---- msgpack / zstd value helpers (shared with the v1 codec) --------------------------------------
-def unzstd(data: Any, what: str) -> bytes:
-    """One complete zstd frame, or SnapshotPayloadError."""
+# Stored bytes are hostile: a 32 KB frame can declare (and hold) gigabytes. Each frame may expand
+# to at most ZSTD_MAX_RATIO times its stored size (plus a small allowance), far above what msgpack
+# metadata reaches (under 4x in the upstream fixtures), and never past the configured maximum.
+ZSTD_MAX_RATIO = 64
+ZSTD_ALLOWANCE = 64 << 10
+DEFAULT_MAX_DECOMPRESSED_BYTES = 4 << 30  # per payload file
+
+
+def zstd_cap(stored_size: int, max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> int:
+    """Most bytes ``stored_size`` compressed bytes may decompress to."""
+    return min(max_bytes, stored_size * ZSTD_MAX_RATIO + ZSTD_ALLOWANCE)
+
+
+def unzstd(data: Any, what: str, max_size: int | None = None) -> bytes:
+    """One complete zstd frame of at most ``max_size`` (default :func:`zstd_cap`) decompressed
+    bytes, or SnapshotPayloadError (:class:`SnapshotDecompressionLimit` past the cap).
+
+    The frame's declared content size is checked against the cap before the output is allocated
+    (python-zstandard allocates the declared size, whatever ``max_output_size`` says); libzstd
+    then refuses a frame whose blocks produce more than it declared.
+    """
     if not isinstance(data, bytes):
-        raise SnapshotPayloadError(f"{what}: expected zstd bytes, got {type(data).__name__}")
-    dobj = zstandard.ZstdDecompressor().decompressobj()
+        raise SnapshotFieldError(what, "zstd frame", f"expected bytes, got {type(data).__name__}")
+    cap = zstd_cap(len(data)) if max_size is None else max_size
     try:
-        out = dobj.decompress(data)
+        declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as e:
-        raise SnapshotPayloadError(f"{what}: bad zstd frame: {e}") from None
-    if not dobj.eof or dobj.unused_data:
-        raise SnapshotPayloadError(f"{what}: truncated zstd frame or trailing bytes")
-    return out
+        raise SnapshotFieldError(what, "zstd frame", f"bad frame header: {e}") from None
+    if declared > cap:
+        raise SnapshotDecompressionLimit(what, "zstd frame", f"declares {declared} bytes, over the "
+                                         f"cap of {cap}")
+    dctx = zstandard.ZstdDecompressor()
+    try:
+        if declared == 0:  # decompress() would return b"" unread: stream it (libzstd enforces 0)
+            dobj = dctx.decompressobj()
+            out = dobj.decompress(data)
+            if out or not dobj.eof or dobj.unused_data:
+                raise SnapshotFieldError(what, "zstd frame", "truncated frame or trailing bytes")
+            return out
+        # size unknown (-1): the buffer is the cap, filled only as far as the frame goes
+        return dctx.decompress(data, max_output_size=cap, allow_extra_data=False)
+    except MemoryError:
+        raise SnapshotDecompressionLimit(what, "zstd frame", f"no memory for {cap} bytes") from None
+    except zstandard.ZstdError as e:
+        if declared == -1 and "did not decompress full frame" in str(e):  # buffer full, or cut
+            raise SnapshotDecompressionLimit(what, "zstd frame", f"truncated, or it decompresses "
+                                             f"past the cap of {cap} bytes") from None
+        raise SnapshotFieldError(what, "zstd frame", f"bad zstd frame: {e}") from None
+
+
+class ZstdBudget:
+    """The cap on what one stored payload file's zstd frames decompress to together: the file's
+    :func:`zstd_cap`, each frame also within its own."""
+
+    def __init__(self, stored_size: int, max_bytes: int):
+        self.cap = self.left = zstd_cap(stored_size, max_bytes)
+
+    def unzstd(self, data: Any, what: str) -> bytes:
+        frame_cap = zstd_cap(len(data) if isinstance(data, bytes) else 0)
+        if self.left >= frame_cap:
+            out = unzstd(data, what, frame_cap)
+        else:
+            try:
+                out = unzstd(data, what, self.left)
+            except SnapshotDecompressionLimit:
+                raise SnapshotDecompressionLimit(what, "zstd frame", f"over the payload's cap of "
+                                                 f"{self.cap} bytes (its frames together)"
+                                                 ) from None
+        self.left -= len(out)
+        return out
 
 
 def is_uint(v: Any, limit: int = _U64) -> bool:
@@ -129,7 +193,10 @@ def unpack_allocator(value: Any, what: str) -> AllocatorState:
             and _uint_list(core[5], NUM_TOP_BINS, 0xFF) and _uint_list(core[6], NUM_LEAF_BINS, _U32)):
         raise SnapshotPayloadError(f"{what}: malformed OffsetAllocator core")
     cap = core[1]
-    nodes, free_nodes = unzstd(core[7], f"{what} nodes"), unzstd(core[8], f"{what} free nodes")
+    # node arrays of a sparse allocator compress far beyond the ratio cap: cap them at their size
+    limit = min(cap * NODE_DTYPE.itemsize, DEFAULT_MAX_DECOMPRESSED_BYTES)
+    nodes = unzstd(core[7], f"{what} nodes", limit)
+    free_nodes = unzstd(core[8], f"{what} free nodes", min(cap * 4, limit))
     if len(nodes) != cap * NODE_DTYPE.itemsize or len(free_nodes) != cap * 4:
         raise SnapshotPayloadError(f"{what}: node arrays do not hold current_capacity={cap} nodes")
     return AllocatorState(
