@@ -469,9 +469,15 @@ def _reseal_store(files: Corpus, mutated: str) -> Corpus:
 
 
 def _read_store(store: FileOpLogStore | EtcdOpLogStore) -> MasterService:
+    """What a standby does with a store: read the counters and every batch, apply them, then
+    compact the first batch away (as after publishing a standby snapshot)."""
     store.producer_view()
     store.durable_prefix()
-    return _apply_all(store.read_batches(0))
+    batches = store.read_batches(0)
+    master = _apply_all(batches)
+    if batches:  # an empty log (prefix 0) is a valid store
+        store.compact_through(batches[0].last_sequence_id)
+    return master
 
 
 def _file_store_master(root: Path) -> MasterService:
