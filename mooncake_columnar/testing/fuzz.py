@@ -22,6 +22,7 @@ import faulthandler
 import json
 import os
 import random
+import resource
 import selectors
 import subprocess
 import sys
@@ -38,12 +39,14 @@ from typing import Any, Iterable
 from ..errors import InvalidParams, MooncakeError
 from ..master import MasterService
 from .fuzz_formats import CONFIG, ETCD_ENV, FORMATS, V1_FIXTURES_ENV, WRITER, Corpus, Format, clocks
-from .fuzz_mutate import mutate_bytes, mutate_zstd
+from .fuzz_mutate import mutate_bytes, mutate_zstd, zstd_bomb
 
 OK_OUTCOMES = ("rejected", "accepted")
-FAILURE_OUTCOMES = ("crash", "untyped", "hang", "broken", "partial")
+FAILURE_OUTCOMES = ("crash", "untyped", "hang", "broken", "partial", "memory")
+MEMORY_LIMIT_MB = 300  # the most a case may add to the worker's peak memory (issue 13: zstd bombs)
 _COLUMNS = (("cases", None), ("rejected-typed", "rejected"), ("accepted-ok", "accepted"), ("crashes", "crash"),
-            ("untyped", "untyped"), ("hangs", "hang"), ("broken engines", "broken"), ("partial", "partial"))
+            ("untyped", "untyped"), ("hangs", "hang"), ("broken engines", "broken"), ("partial", "partial"),
+            (f"mem>{MEMORY_LIMIT_MB}MB", "memory"))
 
 
 # ---- the harness's own self-test: a case that crashes, hangs, raises or loads, by its seed -----------
@@ -86,12 +89,13 @@ def mutate(fmt: Format, seed: int) -> tuple[Corpus, str, int]:
     files = dict(_corpus(fmt.name, variant))
     kind = rng.choices(("raw", "zstd", "forged", "delete"), weights=fmt.weights)[0]
     frames = sorted(p for p in files if fmt.zstd_files and p.endswith(fmt.zstd_files))
+    mutator = zstd_bomb if rng.random() < 0.05 else mutate_zstd
     if kind == "zstd" and fmt.zstd_inner is not None and (not frames or rng.random() < 0.6):
-        files, what = fmt.zstd_inner(files, rng)
+        files, what = fmt.zstd_inner(files, rng, mutator)
         return files, what, variant
     if kind == "zstd" and frames:
         path = rng.choice(frames)
-        files[path], what = mutate_zstd(files[path], rng)
+        files[path], what = mutator(files[path], rng)
         return files, f"{path}: {what}", variant
     if kind == "raw":
         path = rng.choice(sorted(files))
@@ -134,33 +138,49 @@ def _baseline(name: str, variant: int) -> int:
         return _format(name).load(Path(tmp)).object_count()
 
 
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
 def run_case(name: str, seed: int) -> dict[str, Any]:
-    """Mutate, load, verify and classify one case (in this process). An error while staging
-    the corpus (e.g. etcd unreachable) is the harness's, not the case's: it propagates."""
+    """:func:`classify` one case, and flag it ``memory`` if it raised this process's peak
+    memory by more than MEMORY_LIMIT_MB (the peak is a high-water mark: the worker then exits)."""
     fmt = _format(name)
     files, what, variant = mutate(fmt, seed)
-    out: dict[str, Any] = {"format": name, "seed": seed, "mutation": what}
+    before = _peak_mb()
+    out = classify(fmt, files, variant)
+    grown = _peak_mb() - before
+    out = {"format": name, "seed": seed, "mutation": what, **out, "peak_growth_mb": round(grown)}
+    if grown > MEMORY_LIMIT_MB:
+        out.update(outcome="memory", restart=True, was=out["outcome"], where=out.get("where", ""),
+                   detail=f"peak memory grew by {grown:.0f} MB (was {out['outcome']}: {out.get('error', '')})")
+    return out
+
+
+def classify(fmt: Format, files: Corpus, variant: int) -> dict[str, Any]:
+    """Load, verify and classify one mutated corpus (in this process). An error while staging
+    it (e.g. etcd unreachable) is the harness's, not the case's: it propagates."""
     with tempfile.TemporaryDirectory(prefix="mooncake-fuzz-") as tmp:
         fmt.stage(files, Path(tmp))
         try:
             master = fmt.load(Path(tmp))
         except MooncakeError as exc:
-            return {**out, "outcome": "rejected", "error": type(exc).__name__, "detail": str(exc)[:300]}
+            return {"outcome": "rejected", "error": type(exc).__name__, "detail": str(exc)[:300]}
         except Exception as exc:  # noqa: BLE001 - an untyped error is what the fuzz looks for
-            return {**out, "outcome": "untyped", "error": type(exc).__name__, "detail": str(exc)[:300],
+            return {"outcome": "untyped", "error": type(exc).__name__, "detail": str(exc)[:300],
                     "where": _where(exc)}
         try:
             master.verify()
             _probe(master)
             master.verify()
         except Exception as exc:  # noqa: BLE001
-            return {**out, "outcome": "broken", "error": type(exc).__name__, "detail": str(exc)[:300],
+            return {"outcome": "broken", "error": type(exc).__name__, "detail": str(exc)[:300],
                     "where": _where(exc)}
         objects = master.object_count()
-    if fmt.keeps_objects and objects < _baseline(name, variant):
-        return {**out, "outcome": "partial", "error": "", "where": "",
-                "detail": f"{objects} objects restored, the unmutated file holds {_baseline(name, variant)}"}
-    return {**out, "outcome": "accepted", "objects": objects}
+    if fmt.keeps_objects and objects < _baseline(fmt.name, variant):
+        return {"outcome": "partial", "error": "", "where": "",
+                "detail": f"{objects} objects restored, the unmutated file holds {_baseline(fmt.name, variant)}"}
+    return {"outcome": "accepted", "objects": objects}
 
 
 def worker_main() -> None:
@@ -183,6 +203,8 @@ def worker_main() -> None:
             except Exception:  # noqa: BLE001 - staging failed: the parent stops the run
                 answer = {"harness_error": traceback.format_exc()}
         out.write(json.dumps(answer) + "\n")
+        if answer.get("restart"):
+            return
 
 
 # ---- the parent -----------------------------------------------------------------------------------
@@ -244,6 +266,9 @@ def run_cases(names: Iterable[str], cases: int, *, first_seed: int = 0, timeout_
                     outcome, _, status = answer.partition(":")
                     answer = {"format": name, "seed": seed, "outcome": outcome, "error": f"exit status {status}"
                               if status else f"no answer within {timeout_s:g} s", "detail": _tail(log), "where": ""}
+                    worker.close()
+                    worker, ready = None, False
+                if answer.pop("restart", False):
                     worker.close()
                     worker, ready = None, False
                 results[name].append(answer)

@@ -54,6 +54,7 @@ from .fuzz_mutate import (
 
 Corpus = dict[str, bytes]
 Mutation = tuple[Corpus, str]  # the mutated corpus and what was done to it
+FrameMutator = Callable[[bytes, random.Random], tuple[bytes, str]]  # a zstd frame -> another one
 
 CLUSTER = "fuzz"
 WRITER = "3001-3002"
@@ -255,12 +256,12 @@ def v1_forge(files: Corpus, variant: int, rng: random.Random) -> Mutation:
     return files, what
 
 
-def v1_zstd_inner(files: Corpus, rng: random.Random) -> Mutation:
-    """A mutation inside one metadata shard's zstd frame (the frames nested in ``metadata``)."""
+def v1_zstd_inner(files: Corpus, rng: random.Random, mutator: FrameMutator = mutate_zstd) -> Mutation:
+    """``mutator`` applied to one metadata shard's zstd frame (the frames nested in ``metadata``)."""
     files = dict(files)
     path, shards, top = _v1_metadata(files)
     i = rng.randrange(len(shards))
-    blob, what = mutate_zstd(shards[i][1], rng)
+    blob, what = mutator(shards[i][1], rng)
     shards[i] = (shards[i][0], blob)
     files[path] = _v1_pack_metadata(top, shards)
     return files, f"metadata shard {shards[i][0]}: {what}"
@@ -521,7 +522,7 @@ class Format:
     stage: Callable[[Corpus, Path], None] = write_tree  # store a corpus (files in a directory, etcd keys)
     reseal: Callable[[Corpus, str], Corpus] = lambda files, mutated: files  # digests after a raw edit
     zstd_files: tuple[str, ...] = ()  # suffixes of files that are one zstd frame
-    zstd_inner: Callable[[Corpus, random.Random], Mutation] | None = None  # frames nested in a file
+    zstd_inner: Callable[[Corpus, random.Random, FrameMutator], Mutation] | None = None  # frames nested in a file
     keeps_objects: bool = False  # an accepted mutant must hold every object (no silent partial restore)
     weights: tuple[int, int, int, int] = (35, 15, 45, 5)  # raw bytes, zstd, forged, a file deleted
 

@@ -59,6 +59,18 @@ def mutate_zstd(frame: bytes, rng: random.Random) -> tuple[bytes, str]:
     return zstd_frame(data), f"inside zstd: {what}"
 
 
+BOMB_BYTES = 512 << 20  # what a zstd bomb inflates to: far past the 300 MB a case may add
+
+
+def zstd_bomb(frame: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """A small valid frame of BOMB_BYTES zeros in place of ``frame`` (compressed in chunks, so
+    building it costs no memory)."""
+    comp = zstandard.ZstdCompressor(level=1).compressobj()
+    chunk = bytes(1 << 20)
+    data = b"".join(comp.compress(chunk) for _ in range(BOMB_BYTES >> 20)) + comp.flush()
+    return data, f"zstd bomb: {len(data)} bytes inflating to {BOMB_BYTES}"
+
+
 # ---- decoded msgpack values --------------------------------------------------------------------
 
 def edge_string(rng: random.Random, others: list[str]) -> bytes:
