@@ -337,16 +337,18 @@ def main(argv: list[str] | None = None) -> int:
         if "etcd_store" in names and ETCD_ENV not in os.environ:
             from .etcd_server import EtcdServer
             os.environ[ETCD_ENV] = stack.enter_context(EtcdServer()).endpoint
-        if args.repro:
-            fmt, seed = FORMATS[args.repro[0]], int(args.repro[1])
-            print(mutate(fmt, seed)[1])
-            with tempfile.TemporaryDirectory() as tmp:
-                fmt.stage(mutate(fmt, seed)[0], Path(tmp))
-                master = fmt.load(Path(tmp))  # raises with the full traceback
-                master.verify()
-                _probe(master)
-                print(f"accepted: {master.object_count()} objects, verify() passed")
-            return 0
+        if args.repro:  # in this process: a crash reproduces as a crash
+            name, seed = args.repro[0], int(args.repro[1])
+            result = run_case(name, seed)
+            print(json.dumps(result, indent=1))
+            if result["outcome"] in ("untyped", "broken"):  # again, for the whole traceback
+                fmt = _format(name)
+                with tempfile.TemporaryDirectory() as tmp:
+                    fmt.stage(mutate(fmt, seed)[0], Path(tmp))
+                    master = fmt.load(Path(tmp))
+                    master.verify()
+                    _probe(master)
+            return int(result["outcome"] in FAILURE_OUTCOMES)
         t0 = time.perf_counter()
         results = run_cases(names, args.cases, first_seed=args.first_seed, timeout_s=args.timeout)
         print(summary_table(results))
