@@ -339,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[ETCD_ENV] = stack.enter_context(EtcdServer()).endpoint
         if args.repro:  # in this process: a crash reproduces as a crash
             name, seed = args.repro[0], int(args.repro[1])
+            print(f"{name} seed {seed}: {mutate(_format(name), seed)[1]}", flush=True)
             result = run_case(name, seed)
             print(json.dumps(result, indent=1))
             if result["outcome"] in ("untyped", "broken"):  # again, for the whole traceback
