@@ -2,7 +2,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test soak bench clean
+.PHONY: demo test soak fuzz bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,9 @@ test: $(VENV)/.installed
 
 soak: $(VENV)/.installed  # the default run soaks for 20 s; this one for 10 minutes
 	MOONCAKE_SOAK_SECONDS=600 $(BIN)/python -m pytest tests/test_engine_soak.py
+
+fuzz: $(VENV)/.installed  # the default run fuzzes 100 cases per format; this one 1000 (prints the table)
+	MOONCAKE_FUZZ_CASES=$${MOONCAKE_FUZZ_CASES:-1000} $(BIN)/python -m pytest -s -rxX tests/test_fuzz_formats.py
 
 bench: $(VENV)/.installed
 	$(BIN)/asv machine --yes

@@ -270,3 +270,39 @@ def test_etcd_unreachable_is_unavailable() -> None:
     s = EtcdOpLogStore("127.0.0.1:1", "nowhere", timeout_s=1)
     with pytest.raises(OpLogStoreUnavailable):
         s.durable_prefix()
+
+
+@pytest.mark.parametrize("name", ["durable_prefix", "producer_view"])
+def test_file_store_counter_past_int64_is_corruption(tmp_path: Path, name: str) -> None:
+    s = FileOpLogStore(tmp_path)
+    s.set_producer_view(1)
+    s.append_batch(batch(1, 1))
+    (tmp_path / name).write_bytes(b"9223372036854775808\n")  # 19 canonical digits, one past int64
+    with pytest.raises(OpLogCorrupt, match=name):
+        FileOpLogStore(tmp_path).durable_prefix() if name == "durable_prefix" else s.producer_view()
+
+
+# Names that match \d{20} but are not 20 ASCII digits, or carry a trailing newline.
+LOOKALIKES = ["\u0660" * 19 + "\u0661", f"{1:020d}\n"]
+
+
+def test_file_store_ignores_names_that_only_look_like_batch_ids(tmp_path: Path) -> None:
+    s = FileOpLogStore(tmp_path)
+    for b in (batch(1, 3), batch(4, 3)):
+        s.append_batch(b)
+    for name in LOOKALIKES:
+        (tmp_path / "batches" / (name.rstrip("\n") + ".msgpack" + "\n" * name.endswith("\n"))).write_bytes(
+            encode_batch(batch(4, 3, tag="foreign")))
+    assert s.read_batches(0) == [batch(1, 3), batch(4, 3)]
+    assert s.compact_through(3) == 1  # a lookalike counted as batch 1 would be deleted twice
+    assert s.read_batches(3) == [batch(4, 3)]
+
+
+def test_etcd_store_ignores_keys_that_only_look_like_batch_ids(etcd: EtcdServer) -> None:
+    s = EtcdOpLogStore(etcd.endpoint, f"c{os.getpid()}-lookalike")
+    for b in (batch(1, 3), batch(4, 3)):
+        s.append_batch(b)
+    for name in LOOKALIKES:
+        s._post("/v3/kv/put", {"key": base64.b64encode((s.batches_prefix + name).encode()).decode(),
+                               "value": base64.b64encode(encode_batch(batch(4, 3, tag="foreign"))).decode()})
+    assert s.read_batches(0) == [batch(1, 3), batch(4, 3)]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 from ..errors import FencedWrite, InvalidParams, OpLogConflict, OpLogCorrupt, OpLogGap, OpLogStoreUnavailable
-from .oplog import OpLogBatch, decode_batch, encode_batch
+from .oplog import _SEQ_MAX, OpLogBatch, decode_batch, encode_batch
 
 
 @runtime_checkable
@@ -72,7 +72,14 @@ def _parse_counter(raw: bytes, what: str) -> int:
     # Canonical decimal only: anything else in a control record means the store is damaged.
     if not re.fullmatch(rb"(0|[1-9][0-9]{0,18})\n?", raw):
         raise OpLogCorrupt(what, f"not a canonical decimal: {raw[:40]!r}")
-    return int(raw)
+    value = int(raw)
+    if value > _SEQ_MAX:  # 19 digits can pass 2**63 - 1: no sequence id or view is that large
+        raise OpLogCorrupt(what, f"{value} is outside [0, 2**63)")
+    return value
+
+
+# Batch names: exactly 20 ASCII digits (\d alone would also take other scripts' digits).
+_BATCH_DIGITS = re.compile(r"[0-9]{20}")
 
 
 def _check_seq_arg(name: str, value: int) -> None:
@@ -158,7 +165,7 @@ class FileOpLogStore:
     ``flock`` on ``lock`` makes the check-then-write a compare-and-swap across processes.
     """
 
-    _NAME = re.compile(r"^(\d{20})\.msgpack$")
+    _NAME = re.compile(r"([0-9]{20})\.msgpack")  # used with fullmatch: no trailing newline either
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.root = Path(directory)
@@ -188,7 +195,7 @@ class FileOpLogStore:
         """The durable prefix; a log with batches but no prefix file is corrupt, not empty
         (reading it as empty would promote an empty master, or restart the ids at 1)."""
         if not (self.root / "durable_prefix").exists():
-            stored = sum(1 for p in self._batches.iterdir() if self._NAME.match(p.name))
+            stored = sum(1 for p in self._batches.iterdir() if self._NAME.fullmatch(p.name))
             if stored:
                 raise OpLogCorrupt("durable_prefix", f"missing while {stored} batches are stored in {self._batches}")
             return 0
@@ -215,7 +222,7 @@ class FileOpLogStore:
         self._fsync_dir(path.parent)
 
     def _firsts(self, prefix: int) -> list[int]:
-        ids = sorted(int(m.group(1)) for p in self._batches.iterdir() if (m := self._NAME.match(p.name)))
+        ids = sorted(int(m.group(1)) for p in self._batches.iterdir() if (m := self._NAME.fullmatch(p.name)))
         return [f for f in ids if f <= prefix]  # a batch past the prefix was never made durable
 
     def _batch_path(self, first: int) -> Path:
@@ -358,7 +365,7 @@ class EtcdOpLogStore:
         for kv in kvs:
             key = base64.b64decode(kv["key"]).decode("utf-8", "replace")
             name = key[len(self.batches_prefix):]
-            if re.fullmatch(r"\d{20}", name):  # foreign keys under the prefix are not batches
+            if _BATCH_DIGITS.fullmatch(name):  # foreign keys under the prefix are not batches
                 out.append(int(name))
         return out
 
