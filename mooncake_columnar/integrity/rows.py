@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit
 
-from ..kernels.chains import claim_chains, next_row
+from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
 
@@ -45,6 +45,30 @@ def _check_free_stack(free_rows, free_count, hw, flags):
     return 0, -1
 
 
+@njit(cache=True, nogil=True)
+def _claim_chains(hw, flags, more, group_next, sizes, claimed):
+    """Walk the chain of every LIVE row of [0, hw), marking its continuation rows in
+    ``claimed``. (0, -1) or (problem, row): 1 a link out of range, 2 a continuation row that is
+    LIVE, 3 a row reached twice (a shared tail or a cycle), 4 a continuation row that does not
+    name its object or carries another size."""
+    for r in range(hw):
+        if not is_live(flags[r]):
+            continue
+        c = next_row(more, r)
+        while c >= 0:
+            if c >= hw:
+                return 1, r
+            if is_live(flags[c]):
+                return 2, c
+            if claimed[c]:
+                return 3, c
+            if group_next[c] != r or sizes[c] != sizes[r]:
+                return 4, c
+            claimed[c] = True
+            c = next_row(more, c)
+    return 0, -1
+
+
 def _check_chains(m: "MasterService") -> np.ndarray:
     """Replica chains (kernels/chains.py): each continuation row belongs to exactly one LIVE
     object's chain, names it and carries its size; no other row links anywhere. Returns the
@@ -56,7 +80,7 @@ def _check_chains(m: "MasterService") -> np.ndarray:
         if o.cont_count:
             _fail("replica_chain", f"cont_count is {o.cont_count} but no row has a continuation")
         return claimed
-    problem, r = claim_chains(hw, o.flags, o.replica_more, o.group_next, o.size_bytes, claimed)
+    problem, r = _claim_chains(hw, o.flags, o.replica_more, o.group_next, o.size_bytes, claimed)
     if problem:
         what = {1: f"{_row_name(m, r)} links past high_water {hw}",
                 2: f"continuation row {r} is LIVE", 3: f"row {r} is in two chains or in a cycle",

@@ -20,10 +20,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..schema import FLAG_LIVE
-
-_LIVE = int(FLAG_LIVE)
-
 
 @njit(inline="always", cache=True)
 def next_row(more, r):
@@ -54,30 +50,6 @@ def expand(rows, more):
             k += 1
             rr = next_row(more, rr)
     return owner, chain
-
-
-@njit(cache=True, nogil=True)
-def claim_chains(hw, flags, more, group_next, sizes, claimed):
-    """Walk the chain of every LIVE row of [0, hw), marking its continuation rows in
-    ``claimed``. (0, -1) or (problem, row): 1 a link out of range, 2 a continuation row that is
-    LIVE, 3 a row reached twice (a shared tail or a cycle), 4 a continuation row that does not
-    name its object or carries another size."""
-    for r in range(hw):
-        if not flags[r] & _LIVE:
-            continue
-        c = next_row(more, r)
-        while c >= 0:
-            if c >= hw:
-                return 1, r
-            if flags[c] & _LIVE:
-                return 2, c
-            if claimed[c]:
-                return 3, c
-            if group_next[c] != r or sizes[c] != sizes[r]:
-                return 4, c
-            claimed[c] = True
-            c = next_row(more, c)
-    return 0, -1
 
 
 @njit(cache=True, nogil=True)
