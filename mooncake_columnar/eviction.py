@@ -41,6 +41,12 @@ class EvictionPlan:
         """Rows left without any replica: the whole object goes."""
         return self.rows[~self.chains.any(self.remaining)]
 
+    def part(self, lo: int, hi: int) -> "EvictionPlan":
+        """The plan for ``rows[lo:hi]`` (slices: chain rows are grouped by object, in order)."""
+        a, b = np.searchsorted(self.chains.owner, (lo, hi))
+        return EvictionPlan(self.rows[lo:hi], Chains(self.chains.owner[a:b] - lo, self.chains.rows[a:b], hi - lo),
+                            self.removed[a:b], self.remaining[a:b])
+
     def subset(self, objects: np.ndarray) -> "EvictionPlan":
         """The plan for ``rows[objects]`` only (a boolean mask or ascending indices)."""
         take = np.zeros(self.rows.size, np.bool_)

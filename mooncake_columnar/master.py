@@ -192,7 +192,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             done = self.journal.hide_then_free(self, plan.rows, plan)
             if done < plan.rows.size:
                 self.metrics.inc("eviction_oplog_backpressure")
-                plan = plan.subset(np.arange(done))
+                plan = plan.part(0, done)
             return int(plan.rows.size), int((o.size_bytes[plan.rows] * plan.chains.count(plan.removed)).sum()), queued
         r_idx, slot = np.nonzero(plan.removed)
         freed = self._drop_slots(plan.chains.rows[r_idx], slot)

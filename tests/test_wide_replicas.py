@@ -11,7 +11,7 @@ import pytest
 
 from conftest import MB
 from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
-from mooncake_columnar.errors import ObjectAlreadyExists
+from mooncake_columnar.errors import EngineInvariantError, ObjectAlreadyExists
 from mooncake_columnar.ha.stores import FileOpLogStore
 from mooncake_columnar.ha.standby import StandbyService
 from mooncake_columnar.ha.writer import OpLogWriter
@@ -217,3 +217,47 @@ def test_standby_applies_wide_put_end_and_eviction_then_promotes_with_every_repl
     promoted.remove("wide", force=True)
     assert promoted.objects.cont_count == 0
     promoted.verify()
+
+
+def _chain(m: MasterService) -> tuple[int, np.ndarray]:
+    """The only object's row and its continuation rows in chain order."""
+    (head,) = m.objects.live_rows()
+    return int(head), m.objects.chains(np.array([head])).rows[1:]
+
+
+@pytest.mark.parametrize("corrupt, check", [
+    (lambda o, head, conts: o.replica_more.__setitem__(conts[-1], head), "replica_chain"),      # a cycle
+    (lambda o, head, conts: o.group_next.__setitem__(conts[0], conts[0]), "replica_chain"),     # orphaned
+    (lambda o, head, conts: o.size_bytes.__setitem__(conts[1], 1), "replica_chain"),            # wrong size
+    (lambda o, head, conts: setattr(o, "cont_count", o.cont_count - 1), "replica_chain"),
+    (lambda o, head, conts: o.replica_more.__setitem__(head, -1), "replica_chain"),             # cut loose
+    (lambda o, head, conts: o._push_free(conts[:1]), "free_rows"),                              # also free
+])
+def test_self_check_names_a_broken_replica_chain(clocks, corrupt, check):
+    m = wide_master(clocks)
+    put(m, "wide")
+    m.verify()
+    head, conts = _chain(m)
+    corrupt(m.objects, head, conts)
+    with pytest.raises(EngineInvariantError) as e:
+        m.verify()
+    assert e.value.check == check
+
+
+def test_journaled_eviction_larger_than_the_window_frees_every_replica_of_each_wide_object(tmp_path: Path):
+    clocks = ManualClocks()
+    writer = OpLogWriter(FileOpLogStore(tmp_path), window=8, clocks=clocks)
+    writer.start()  # frees window space while the cycle waits for it
+    try:
+        m = wide_master(clocks, journal=writer)
+        narrow_objects(m, 5)
+        for i in range(6):  # 6 wide objects of 64..59 replicas: PUT_END(remaining)/REMOVE spans windows
+            put(m, f"wide{i}", replica_num=WIDE - i)
+        clocks.advance(ms=TTL_MS)
+        assert m.evict(target=1.0).evicted_objects == 11
+        writer.flush()
+        m.tick()  # finalizes removals the lock was busy for
+    finally:
+        writer.stop()
+    assert m.object_count() == 0 and m.objects.cont_count == 0 and used_bytes(m) == 0
+    m.verify()

@@ -216,7 +216,7 @@ class Journal:
                 status = o.replica_status[chain]
                 gone = status != 0
             else:
-                sub = plan.subset(np.arange(done, done + part.size))
+                sub = plan.part(done, done + part.size)
                 chain, gone = sub.chains.rows, sub.removed
                 status = o.replica_status[chain]
             remaining = (status != 0) & ~gone
