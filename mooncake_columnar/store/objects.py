@@ -134,10 +134,10 @@ class ObjectTable:
         self.inflight[rows] = EMPTY_CODE  # a free row holds no in-flight slot (the caller freed it)
         self.live_count -= rows.size
         if self.replica_more.size:
-            chain = self.chains(rows).rows
-            self.replica_more[chain] = -1
-            if chain.size > rows.size:
-                conts = chain[~np.isin(chain, rows)]
+            chains = self.chains(rows)
+            self.replica_more[chains.rows] = -1
+            if chains.rows.size > rows.size:
+                conts = chains.rows[chains.rows != rows[chains.owner]]
                 self.group_next[conts] = conts
                 self.cont_count -= conts.size
                 rows = np.concatenate((rows, conts))
