@@ -249,7 +249,7 @@ def test_journaled_eviction_larger_than_the_window_frees_every_replica_of_each_w
     writer = OpLogWriter(FileOpLogStore(tmp_path), window=8, clocks=clocks)
     writer.start()  # frees window space while the cycle waits for it
     try:
-        m = wide_master(clocks, journal=writer)
+        m = wide_master(clocks, journal=writer, oplog_admission_timeout_ms=60_000)  # a loaded host flushes late
         narrow_objects(m, 5)
         for i in range(6):  # 6 wide objects of 64..59 replicas: PUT_END(remaining)/REMOVE spans windows
             put(m, f"wide{i}", replica_num=WIDE - i)
