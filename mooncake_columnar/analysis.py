@@ -116,16 +116,33 @@ def _warm_up(replicas: int, segments: int) -> None:
 
 
 def _replica_state(m: MasterService) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(live rows, complete memory slots on unreadable segments, rows with a readable replica)."""
+    """(live rows, complete memory slots on unreadable segments (of every row, continuation
+    rows included), rows with a readable replica)."""
     o, hw = m.objects, m.objects.high_water
     status, kind, seg = o.replica_status[:hw], o.replica_kind[:hw], o.replica_segment[:hw]
     live = (o.flags[:hw] & FLAG_LIVE) != 0
     complete = status == ST_COMPLETE
     memory = kind == KIND_MEMORY
     on_readable = (seg >= 0) & m.segments.readable[np.maximum(seg, 0)]
-    unreadable_slots = live[:, None] & complete & memory & ~on_readable
-    readable = (complete & (~memory | on_readable)).any(axis=1)
+    unreadable_slots = (live | _continuation_rows(m))[:, None] & complete & memory & ~on_readable
+    readable = _per_object(m, (complete & (~memory | on_readable)).any(axis=1))
     return live, unreadable_slots, readable
+
+
+def _continuation_rows(m: MasterService) -> np.ndarray:
+    rows = np.arange(m.objects.high_water)
+    return m.objects.owners(rows) != rows
+
+
+def _per_object(m: MasterService, per_row: np.ndarray) -> np.ndarray:
+    """A per-row flag with each continuation row's folded into its object's row (kernels/chains.py)."""
+    if not m.objects.cont_count:
+        return per_row
+    rows = np.arange(per_row.size)
+    owners = m.objects.owners(rows)
+    out = per_row & (owners == rows)
+    np.logical_or.at(out, owners[per_row], True)
+    return out
 
 
 def simulate_failover(objects: int, *, segments: int = 4, replicas: int = 1,
@@ -163,7 +180,7 @@ def simulate_failover(objects: int, *, segments: int = 4, replicas: int = 1,
     seg_codes = np.array([m.segments.code(f"segment-{i}") for i in range(segments)], np.int64)
     # objects holding a replica on each segment at promotion (each object once per segment)
     seg = m.objects.replica_segment[: m.objects.high_water]
-    on_segment = [int((unreadable_slots & (seg == c)).any(axis=1).sum()) for c in seg_codes]
+    on_segment = [int(_per_object(m, (unreadable_slots & (seg == c)).any(axis=1)).sum()) for c in seg_codes]
 
     samples: list[dict[str, float | int]] = []
 
@@ -173,10 +190,10 @@ def simulate_failover(objects: int, *, segments: int = 4, replicas: int = 1,
     def census(event: str) -> None:
         t_ms, now = now_ms(), clocks.steady_ns()
         live, unreadable, readable = _replica_state(m)
-        protected = unreadable.any(axis=1)
+        protected = _per_object(m, unreadable.any(axis=1))
         expired = m.objects.lease_deadline_ns[: m.objects.high_water] <= now
         plan = m.eviction_plan(1.0)
-        chosen = int((plan.removed & unreadable[plan.rows]).sum())
+        chosen = int((plan.removed & unreadable[plan.chains.rows]).sum())
         evicted = 0
         if evict_expired:
             report = m.evict(target=1.0)

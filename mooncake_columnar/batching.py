@@ -105,7 +105,7 @@ def read_in_chunks(m: "MasterService", offsets: np.ndarray, data: np.ndarray, te
         o = m.objects  # as MasterService._classify_reads, on rows already looked up
         ok.classify_reads(r, m.clocks.steady_ns(), m.lease_ttl_ns, codes, o.flags, o.lease_deadline_ns,
                           o.group_next, o.replica_status, o.replica_kind, o.replica_segment,
-                          m.segments.readable)
+                          m.segments.readable, o.replica_more)
         return finish(r, codes)
 
     return run_in_chunks(m._lock, n, classify, bounds=[lo for lo, _ in looked])

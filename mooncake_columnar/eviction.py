@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .kernels import eviction as ek
+from .store.objects import Chains
 
 if TYPE_CHECKING:
     from .master import MasterService
@@ -25,18 +26,37 @@ INT64_MAX = 2**63 - 1
 class EvictionPlan:
     """What one eviction decision removes, before anything is freed (the oplog hook).
 
-    ``removed[i, j]`` marks replica slot j of object ``rows[i]`` that eviction drops;
-    ``remaining[i, j]`` the slots that stay (PUT_END(remaining) or, when none, REMOVE).
+    ``removed[k, j]`` marks replica slot j of row ``chains.rows[k]`` (object ``rows[i]``'s row or
+    a continuation row of it, i = chains.owner[k]) that eviction drops; ``remaining[k, j]`` the
+    slots that stay (PUT_END(remaining) or, when none, REMOVE).
     """
 
     rows: np.ndarray
+    chains: Chains
     removed: np.ndarray
     remaining: np.ndarray
 
     @property
     def erased(self) -> np.ndarray:
         """Rows left without any replica: the whole object goes."""
-        return self.rows[~self.remaining.any(axis=1)]
+        return self.rows[~self.chains.any(self.remaining)]
+
+    def part(self, lo: int, hi: int) -> "EvictionPlan":
+        """The plan for ``rows[lo:hi]`` (slices: chain rows are grouped by object, in order)."""
+        a, b = np.searchsorted(self.chains.owner, (lo, hi))
+        return EvictionPlan(self.rows[lo:hi], Chains(self.chains.owner[a:b] - lo, self.chains.rows[a:b], hi - lo),
+                            self.removed[a:b], self.remaining[a:b])
+
+    def subset(self, objects: np.ndarray) -> "EvictionPlan":
+        """The plan for ``rows[objects]`` only (a boolean mask or ascending indices)."""
+        take = np.zeros(self.rows.size, np.bool_)
+        take[objects] = True
+        if take.all():
+            return self
+        on = take[self.chains.owner]
+        owner = (np.cumsum(take) - 1)[self.chains.owner[on]]
+        return EvictionPlan(self.rows[take], Chains(owner, self.chains.rows[on], int(take.sum())),
+                            self.removed[on], self.remaining[on])
 
 
 @dataclass(frozen=True)
@@ -83,7 +103,8 @@ class _Planner:
         o = m.objects
         self.codes, self.counts, skipped = ek.census(
             now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
-            o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.segments.readable)
+            o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.segments.readable,
+            o.replica_more)
         self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
                         + self.counts[ek.SOFT_PINNED_CANDIDATE])
@@ -113,7 +134,7 @@ class _Planner:
             n, freed = ek.plan(ordered, want - planned, want_bytes - self.freed_bytes, self.now, allow_soft,
                                self.codes, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns, o.group_next,
                                o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
-                               o.replica_refcnt, self.m.segments.readable)
+                               o.replica_refcnt, self.m.segments.readable, o.replica_more)
             planned += n
             self.freed_bytes += freed
             if planned >= want or self.freed_bytes >= want_bytes or k >= candidates.size:
@@ -137,12 +158,13 @@ class _Planner:
             rows = np.sort(np.concatenate(self.picked)) if len(self.picked) > 1 else (
                 self.picked[0] if self.picked else np.zeros(0, np.int64))
         keep = np.empty(rows.size, np.bool_)
-        removed = np.empty((rows.size, o.slots), np.bool_)
-        remaining = np.empty((rows.size, o.slots), np.bool_)
+        chains = o.chains(rows)
+        removed = np.empty((chains.rows.size, o.slots), np.bool_)
+        remaining = np.empty((chains.rows.size, o.slots), np.bool_)
         ek.finalize(rows, self.codes, self.now, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
                     o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
-                    self.m.segments.readable, keep, removed, remaining)
-        return EvictionPlan(rows[keep], removed[keep], remaining[keep])
+                    self.m.segments.readable, o.replica_more, keep, chains.owner, chains.rows, removed, remaining)
+        return EvictionPlan(rows, chains, removed, remaining).subset(keep)
 
 
 def first_pass_plan(m: "MasterService", target: float) -> EvictionPlan:

@@ -37,6 +37,7 @@ from .schema import (
     MAX_KEY_BYTES,
     ST_PROCESSING,
     ObjectDataType,
+    ReplicaKind,
     ReplicaStatus,
     SoftPinAction,
 )
@@ -180,25 +181,23 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         """Drop planned replicas (offloading instead where configured); returns
         (objects evicted, bytes freed, offloads queued)."""
         o = self.objects
-        removed, queued = plan.removed, 0
+        queued = 0
         if self.config.enable_offload and self.config.offload_on_evict and plan.rows.size:
-            removed, queued = self._offload_instead(plan.rows, removed.copy())
-        hit = removed.any(axis=1)
+            plan, queued = self._offload_instead(plan)
+        hit = plan.chains.any(plan.removed)
         if not hit.any():
             return 0, 0, queued
-        rows = plan.rows
-        if not hit.all():
-            rows, removed = rows[hit], removed[hit]
+        plan = plan.subset(hit)
         if self.journal is not None:  # hide now, free once durable; a full window stops the cycle
-            done = self.journal.hide_then_free(self, rows, removed)
-            if done < rows.size:
+            done = self.journal.hide_then_free(self, plan.rows, plan)
+            if done < plan.rows.size:
                 self.metrics.inc("eviction_oplog_backpressure")
-                rows, removed = rows[:done], removed[:done]
-            return int(rows.size), int((o.size_bytes[rows] * removed.sum(axis=1)).sum()), queued
-        r_idx, slot = np.nonzero(removed)
-        freed = self._drop_slots(rows[r_idx], slot)
-        self._erase_rows(rows[(o.replica_status[rows] == 0).all(axis=1)], slots_cleared=True)
-        return int(rows.size), freed, queued
+                plan = plan.part(0, done)
+            return int(plan.rows.size), int((o.size_bytes[plan.rows] * plan.chains.count(plan.removed)).sum()), queued
+        r_idx, slot = np.nonzero(plan.removed)
+        freed = self._drop_slots(plan.chains.rows[r_idx], slot)
+        self._erase_rows(plan.rows[~plan.chains.any(o.replica_status[plan.chains.rows] != 0)], slots_cleared=True)
+        return int(plan.rows.size), freed, queued
 
     # ================================================================================ puts
     def _resolve_put_config(self, config: ReplicateConfig) -> tuple[int, int, int]:
@@ -289,8 +288,10 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             exists = (found >= 0) & (codes == 0)
             rows = found[exists]
             # complete, recently started, or removed but not yet durable (journal): all block
-            held = (o.replica_status[rows] == _COMPLETE) | (o.replica_status[rows] == int(ReplicaStatus.REMOVED))
-            blocked = held.any(axis=1) | (self._put_start_time_ms(rows) + discard_ms >= now_ms)
+            chains = o.chains(rows)
+            status = o.replica_status[chains.rows]
+            held = chains.any((status == _COMPLETE) | (status == int(ReplicaStatus.REMOVED)))
+            blocked = held | (self._put_start_time_ms(rows) + discard_ms >= now_ms)
             codes[np.flatnonzero(exists)[blocked]] = ErrorCode.OBJECT_ALREADY_EXISTS
             self._discard_puts(np.unique(rows[~blocked]), now_ms)
         # otherwise every existing key is complete or recent: the insert kernel reports it
@@ -305,17 +306,20 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         free_rows = o.take_rows(picks.size)
         self.keys.reserve(picks.size, int((offsets[picks + 1] - offsets[picks]).sum()))
         seg = self.segments
-        used, arena_used, self.next_replica_id = ok.insert_new_puts(
+        extra = np.empty((4, picks.size * max(0, width - o.slots)), np.int64)  # a wide put's other replicas
+        used, arena_used, self.next_replica_id, n_extra = ok.insert_new_puts(
             picks, offsets, data, tenant, sizes, width, preferred, free_rows,
             self.keys.table, self.keys.arena, self.keys.arena_used, o.key_ref, o.tenant,
             seg.allocatable, seg.capacity, seg.unit_bits, seg.used,
             seg.extent_starts, seg.extent_lengths, seg.extent_counts,
             o.replica_segment, o.replica_offset, o.replica_status, o.replica_kind, o.replica_id,
-            self.next_replica_id, codes, rows_out)
+            self.next_replica_id, codes, rows_out, *extra)
         o.release_rows(free_rows[used:])
         self.keys.note_inserted(int(used), int(arena_used))
         new = free_rows[:used]
         o.size_bytes[new] = sizes[picks[codes[picks] == 0]]
+        if n_extra:
+            self._place_extra_replicas(extra[:, :n_extra])
         o.client[new] = self.clients.code(client)
         slots = self.inflight.take(new)
         o.inflight[new] = slots
@@ -337,15 +341,29 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
     def _replica_width(self, replica_num: int, offsets: np.ndarray, data: np.ndarray, picks: np.ndarray,
                        tenant: int) -> int:
         """Replicas a put may place: at most one per allocatable segment (as upstream). The
-        (rows x slots) replica columns widen only when a new key may really need more slots
-        than they have; a call whose keys all exist already widens nothing."""
+        (rows x slots) replica columns widen to at most ``hot_slots_max``, and only when a new
+        key may really need more slots than they have (a call whose keys all exist already
+        widens nothing); a wider put keeps its other replicas in continuation rows."""
         o = self.objects
-        width = min(replica_num, int(self.segments.allocatable.sum()))
-        if width > o.slots:
+        width = max(1, min(replica_num, int(self.segments.allocatable.sum())))
+        if o.slots < width <= o.hot_slots_max:
             n = offsets.size - 1
             if (self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))[picks] < 0).any():
                 o.ensure_slots(width)
-        return max(1, min(width, o.slots))
+        return width
+
+    def _place_extra_replicas(self, extra: np.ndarray) -> None:
+        """Write the replicas a wide put placed beyond its row's slots into continuation rows;
+        ``extra`` rows: object row, segment, offset, replica id (grouped by object, in order)."""
+        o = self.objects
+        owners, counts = np.unique(extra[0], return_counts=True)
+        order = np.argsort(extra[0], kind="stable")
+        rows, slots = o.extra_slots(owners, counts)
+        o.replica_segment[rows, slots] = extra[1, order]
+        o.replica_offset[rows, slots] = extra[2, order]
+        o.replica_id[rows, slots] = extra[3, order].astype(np.uint64)
+        o.replica_status[rows, slots] = int(ST_PROCESSING)
+        o.replica_kind[rows, slots] = int(ReplicaKind.MEMORY)
 
     @property
     def _ledger_on(self) -> bool:
@@ -442,7 +460,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self._charge(found, -1)
         ok.complete_puts(rows, client_code, self.clocks.steady_ns(), codes, o.flags, o.client,
                          o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status,
-                         o.inflight, self.inflight.pending_soft_pin_ttl_ns, released)
+                         o.inflight, self.inflight.pending_soft_pin_ttl_ns, released, o.replica_more)
         self.inflight.release(released)
         self._charge(found, +1)
 
@@ -457,7 +475,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             _raise_code(ErrorCode.OBJECT_NOT_FOUND, f"put_revoke {key!r}")
         if o.client[row] != self.clients.find(client):
             _raise_code(ErrorCode.ILLEGAL_CLIENT, f"put_revoke {key!r}")
-        st = o.replica_status[row]
+        st = o.replica_status[o.chains(np.array([row], np.int64)).rows]
         in_use = st != int(ReplicaStatus.UNDEFINED)
         if not (o.flags[row] & FLAG_PROCESSING) or (st[in_use] != int(ST_PROCESSING)).any():
             _raise_code(ErrorCode.INVALID_WRITE, f"put_revoke {key!r}: not an in-progress put")
@@ -474,7 +492,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             self.keys.table, self.keys.arena, o.key_ref, o.tenant,
             np.frombuffer(k.encode(), np.uint8), tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
             o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
-            o.replica_segment, self.segments.readable)
+            o.replica_segment, self.segments.readable, o.replica_more)
         _raise_code(int(code), f"get_replica_list {key!r}")
         return self._descriptors(int(row), readable_only=True)
 
@@ -499,7 +517,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         o = self.objects
         ok.classify_reads(rows, self.clocks.steady_ns(), self.lease_ttl_ns, codes, o.flags,
                           o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
-                          o.replica_segment, self.segments.readable)
+                          o.replica_segment, self.segments.readable, o.replica_more)
         return rows, codes
 
     # ================================================================================ removal
@@ -523,7 +541,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         rows = self._lookup(offsets, data, tenant_id)
         codes = np.empty(rows.size, np.int32)
         ok.classify_removals(rows, self.clocks.steady_ns(), force, self.objects.lease_deadline_ns,
-                             self.objects.replica_status, codes)
+                             self.objects.replica_status, codes, self.objects.replica_more)
         removed = np.flatnonzero(codes == 0)
         doomed, first = np.unique(rows[removed], return_index=True)
         repeat = np.ones(removed.size, np.bool_)
@@ -550,7 +568,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         """Free the memory extents of replica slots (rows[i], slots[i]) and clear them; returns bytes."""
         if rows.size == 0:
             return 0
-        touched = np.unique(rows) if self._ledger_on else rows[:0]  # only the ledger needs them
+        touched = np.unique(self.objects.owners(rows)) if self._ledger_on else rows[:0]  # only the ledger needs them
         self._charge(touched, -1)
         dropped = self._clear_slots(rows, slots)
         self._charge(touched, +1)
@@ -604,7 +622,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
     def _remove_rows_where_allowed(self, rows: np.ndarray, force: bool) -> int:
         codes = np.empty(rows.size, np.int32)
         ok.classify_removals(rows, self.clocks.steady_ns(), force, self.objects.lease_deadline_ns,
-                             self.objects.replica_status, codes)
+                             self.objects.replica_status, codes, self.objects.replica_more)
         doomed = rows[codes == 0]
         done = self._remove_objects(doomed)
         if done < doomed.size:
@@ -630,8 +648,9 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             self.offloads.keep(~np.isin(self.offloads.rows, rows))
         o = self.objects
         if not slots_cleared:
-            r_idx, slot = np.nonzero(o.replica_status[rows] != int(ReplicaStatus.UNDEFINED))
-            self._clear_slots(rows[r_idx], slot)
+            chain = o.chains(rows).rows
+            r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
+            self._clear_slots(chain[r_idx], slot)
         ok.unlink_group_members(rows, self.group_head, o.group_next, o.group, o.flags)
         self.inflight.release(o.inflight[rows])
         self.keys.remove(rows)

@@ -33,13 +33,14 @@ class TenantLedger:
         """Add (sign=+1) or remove (sign=-1) the memory bytes that ``rows`` hold now."""
         if rows.size == 0:
             return
-        st = objects.replica_status[rows]
-        mem = objects.replica_kind[rows] == int(KIND_MEMORY)
+        chains = objects.chains(rows)  # an object's replicas: its row's slots and its continuation rows'
+        st = objects.replica_status[chains.rows]
+        mem = objects.replica_kind[chains.rows] == int(KIND_MEMORY)
         size = objects.size_bytes[rows]
         tenant = objects.tenant[rows]
         self._ensure(int(tenant.max()) + 1)
-        np.add.at(self.pending, tenant, sign * size * ((st == _PROCESSING) & mem).sum(axis=1))
-        np.add.at(self.committed, tenant, sign * size * ((st == _COMPLETE) & mem).sum(axis=1))
+        np.add.at(self.pending, tenant, sign * size * chains.count((st == _PROCESSING) & mem))
+        np.add.at(self.committed, tenant, sign * size * chains.count((st == _COMPLETE) & mem))
 
     def used(self, tenant: int) -> int:
         if tenant >= self.pending.size:

@@ -58,14 +58,14 @@ def _rebuild_one(m: "MasterService", bits: np.ndarray, matched: int, on: np.ndar
     capacity, unit_bits = int(seg.capacity[code]), int(seg.unit_bits[code])
     status, starts, lengths, used = ok.free_extents_of_segment(
         bits, code, capacity, unit_bits, o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
-        o.replica_offset)
+        o.replica_offset, o.replica_more)
     if status == ok.REBUILD_OK:
         return starts, lengths, int(used)
     if status == ok.REBUILD_UNSORTED:
         only = np.zeros_like(on)
         only[code] = True
         _, offs, sizes = ok.segment_extents(bits, matched, only, o.size_bytes, o.replica_status, o.replica_kind,
-                                            o.replica_segment, o.replica_offset)
+                                            o.replica_segment, o.replica_offset, o.replica_more)
         return ak.free_extents_from_occupied(capacity, offs, sizes, unit_bits)
     what = {ok.REBUILD_OVERLAP: "overlap", ok.REBUILD_OUT_OF_RANGE: "lie outside the segment capacity",
             ok.REBUILD_SHARED_UNIT: f"share an allocation unit of {1 << unit_bits} bytes"}[status]
@@ -96,7 +96,8 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     hw = o.high_water
     on = np.zeros(max(1, len(seg.info)), np.bool_)
     on[codes] = True
-    bits, matched = ok.objects_on_segments(on, hw, o.flags, o.replica_status, o.replica_kind, o.replica_segment)
+    bits, matched = ok.objects_on_segments(on, hw, o.flags, o.replica_status, o.replica_kind, o.replica_segment,
+                                           o.replica_more)
     locate_s = time.perf_counter() - t_locate
 
     step("rebuild_allocators")

@@ -87,7 +87,8 @@ OBJECT_COLUMNS: dict[str, np.dtype] = {
     "data_type": np.dtype(np.uint8),
 }
 
-# Replica slot columns, shape (capacity, R): slot r of object row i.
+# Replica slot columns, shape (capacity, R): slot j of row i (an object's row or one of its
+# continuation rows, see kernels/chains.py).
 REPLICA_COLUMNS: dict[str, np.dtype] = {
     "replica_offset": np.dtype(np.int64),   # byte offset inside the segment
     "replica_id": np.dtype(np.uint64),
@@ -96,6 +97,11 @@ REPLICA_COLUMNS: dict[str, np.dtype] = {
     "replica_kind": np.dtype(np.uint8),
     "replica_status": np.dtype(np.uint8),   # 0 = empty slot
 }
+
+# The replica slot columns widen for puts of up to this many replicas (the counts commonly used);
+# a wider object keeps its other replicas in continuation rows (kernels/chains.py), so that one
+# put with replica_num=64 does not make every row 64 slots wide.
+HOT_REPLICA_SLOTS = 4
 
 MAX_KEY_BYTES = 65_535
 

@@ -21,7 +21,8 @@ class DiscardMixin:
                      < now_ms]
         if late.size:
             rows = self.inflight.owned_rows(late, o.inflight)
-            self._discard_puts(rows[(o.replica_status[rows] != _COMPLETE).all(axis=1)], now_ms)
+            chains = o.chains(rows)
+            self._discard_puts(rows[~chains.any(o.replica_status[chains.rows] == _COMPLETE)], now_ms)
 
     def _discard_puts(self, rows: np.ndarray, now_ms: int) -> None:
         """Abandoned puts: PROCESSING replicas keep their space until put_start + release timeout."""
@@ -29,10 +30,11 @@ class DiscardMixin:
             return
         o = self.objects
         self._charge(rows, -1)
-        st = o.replica_status[rows]
-        r_idx, slot = np.nonzero((st == int(ST_PROCESSING)) & (o.replica_kind[rows] == int(KIND_MEMORY)))
-        held = rows[r_idx]
-        release = self._put_start_time_ms(held) + self.config.put_start_release_timeout_s * 1000
+        chains = o.chains(rows)
+        st = o.replica_status[chains.rows]
+        r_idx, slot = np.nonzero((st == int(ST_PROCESSING)) & (o.replica_kind[chains.rows] == int(KIND_MEMORY)))
+        held = chains.rows[r_idx]  # the object's row or a continuation row (which carries the size)
+        release = self._put_start_time_ms(rows[chains.owner[r_idx]]) + self.config.put_start_release_timeout_s * 1000
         self._discarded_seg = np.concatenate((self._discarded_seg, o.replica_segment[held, slot].astype(np.int64)))
         self._discarded_off = np.concatenate((self._discarded_off, o.replica_offset[held, slot]))
         self._discarded_size = np.concatenate((self._discarded_size, o.size_bytes[held]))

@@ -1,6 +1,9 @@
 """Offload-on-evict calls of a MasterService: queue instead of drop, completion, expiry."""
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 
@@ -10,31 +13,36 @@ from .messages import DEFAULT_TENANT
 from .schema import ReplicaKind
 from .validation import _COMPLETE, _locked, _require_str, _single_key
 
+if TYPE_CHECKING:
+    from .eviction import EvictionPlan
+
 
 class OffloadMixin:
     """Offload-on-evict part of a MasterService."""
 
     # ================================================================================ offload
-    def _offload_instead(self, rows: np.ndarray, removed: np.ndarray) -> tuple[np.ndarray, int]:
+    def _offload_instead(self, plan: "EvictionPlan") -> tuple["EvictionPlan", int]:
         """Upstream try_evict_or_offload: objects without a LOCAL_DISK copy queue an offload of
         their first evictable memory replica (pinned by refcnt) instead of losing it."""
-        o = self.objects
-        has_disk = (o.replica_kind[rows] == int(ReplicaKind.LOCAL_DISK)).any(axis=1) & \
-            (o.replica_status[rows] == _COMPLETE).any(axis=1)
-        needs = np.flatnonzero(~has_disk & removed.any(axis=1))
+        o, chains = self.objects, plan.chains
+        has_disk = chains.any(o.replica_kind[chains.rows] == int(ReplicaKind.LOCAL_DISK)) & \
+            chains.any(o.replica_status[chains.rows] == _COMPLETE)
+        needs = np.flatnonzero(~has_disk & chains.any(plan.removed))
         room = max(0, min(self.offloads.cycle_cap, self.offloads.limit - len(self.offloads)))
         queue_now, overflow = needs[:room], needs[room:]
-        src_slot = removed[queue_now].argmax(axis=1)
-        q_rows = rows[queue_now]
-        o.replica_refcnt[q_rows, src_slot] += 1
-        self.offloads.push(q_rows, src_slot, o.replica_id[q_rows, src_slot],
+        k, j = np.nonzero(plan.removed)                 # in chain order: an object's first comes first
+        objects, first = np.unique(chains.owner[k], return_index=True)
+        src = first[np.searchsorted(objects, queue_now)]
+        src_row, src_slot = chains.rows[k[src]], j[src]
+        o.replica_refcnt[src_row, src_slot] += 1
+        self.offloads.push(plan.rows[queue_now], src_row, src_slot, o.replica_id[src_row, src_slot],
                            self.clocks.system_ns() // NS_PER_MS)
-        removed = removed.copy()
-        removed[queue_now, src_slot] = False  # the source stays; other evictable replicas go
+        removed = plan.removed.copy()
+        removed[k[src], src_slot] = False     # the source stays; other evictable replicas go
         if not self.config.offload_force_evict:
-            removed[overflow] = False         # queue full: keep the data rather than lose it
+            removed[np.isin(chains.owner, overflow)] = False  # queue full: keep the data rather than lose it
         self.metrics.inc("offloads_queued", queue_now.size)
-        return removed, int(queue_now.size)
+        return replace(plan, removed=removed), int(queue_now.size)
 
     @_locked
     def offload_tasks(self) -> pa.Table:
@@ -61,17 +69,18 @@ class OffloadMixin:
             if res is None:
                 raise error_for_code(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, "oplog window full: retry")
         o = self.objects
-        free_slot = np.flatnonzero(o.replica_status[row] == 0)
-        if free_slot.size == 0:
-            o.ensure_slots(o.slots + 1)
-            free_slot = np.array([o.slots - 1])
-        j = int(free_slot[0])
-        o.replica_status[row, j] = _COMPLETE
-        o.replica_kind[row, j] = int(ReplicaKind.LOCAL_DISK)
-        o.replica_segment[row, j] = client
-        o.replica_id[row, j] = self.next_replica_id
+        chain = o.chains(np.array([row], np.int64)).rows
+        free_row, free_slot = np.nonzero(o.replica_status[chain] == 0)
+        if free_row.size:
+            r, j = int(chain[free_row[0]]), int(free_slot[0])
+        else:  # every slot taken: a continuation row, not a wider table
+            r, j = int(o.add_continuations(np.array([row], np.int64))[0]), 0
+        o.replica_status[r, j] = _COMPLETE
+        o.replica_kind[r, j] = int(ReplicaKind.LOCAL_DISK)
+        o.replica_segment[r, j] = client
+        o.replica_id[r, j] = self.next_replica_id
         self.next_replica_id += 1
-        o.replica_refcnt[row, self.offloads.slots[pos]] -= 1
+        o.replica_refcnt[self.offloads.slot_rows[pos], self.offloads.slots[pos]] -= 1
         self.offloads.keep(np.arange(len(self.offloads)) != pos)
         if res is not None:  # PUT_END with every complete replica, the new LOCAL_DISK one included
             self.journal.submit_put_ends(self, res, np.array([row], np.int64))
@@ -80,6 +89,6 @@ class OffloadMixin:
         q = self.offloads
         late = q.start_ms + self.config.put_start_release_timeout_s * 1000 < now_ms
         if late.any():
-            self.objects.replica_refcnt[q.rows[late], q.slots[late]] -= 1
+            self.objects.replica_refcnt[q.slot_rows[late], q.slots[late]] -= 1
             q.keep(~late)
 

@@ -62,12 +62,13 @@ class SegmentsMixin:
             journaled = self._journal_segments([self.segments.info[code]], mounted=False)
             self.segments.allocatable[code] = False  # allocator dropped: nothing on it is freed
             hw = o.high_water
-            on_seg = np.flatnonzero(((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == int(KIND_MEMORY))
-                                     & (o.replica_status[:hw] != 0)).any(axis=1)) if self._ledger_on else None
+            on_seg = np.unique(o.owners(np.flatnonzero(
+                ((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == int(KIND_MEMORY))
+                 & (o.replica_status[:hw] != 0)).any(axis=1)))) if self._ledger_on else None
             if on_seg is not None:
                 self._charge(on_seg, -1)
             emptied = ok.drop_slots_on_segment(code, hw, o.flags, o.replica_segment,
-                                               o.replica_status, o.replica_kind)
+                                               o.replica_status, o.replica_kind, o.replica_more)
             if on_seg is not None:
                 self._charge(np.setdiff1d(on_seg, emptied), +1)
             self._erase_rows(emptied, charged=False)

@@ -113,10 +113,18 @@ class ViewsMixin:
     def _descriptors(self, row: int, *, readable_only: bool) -> list[ReplicaDescriptor]:
         # on the single-key read path: plain lists and tuple lookups, no per-slot NumPy scalars
         o = self.objects
+        out: list[ReplicaDescriptor] = []
+        more = o.replica_more
+        while row >= 0:  # the object's row, then its continuation rows (kernels/chains.py)
+            self._row_descriptors(row, readable_only, out)
+            row = int(more[row]) if row < more.size else -1
+        return out
+
+    def _row_descriptors(self, row: int, readable_only: bool, out: list[ReplicaDescriptor]) -> None:
+        o = self.objects
         statuses = o.replica_status[row].tolist()
         seg_codes = o.replica_segment[row].tolist()
         readable_mask = self.segments.readable
-        out = []
         for j, st in enumerate(statuses):
             if st == 0:
                 continue
@@ -135,7 +143,6 @@ class ViewsMixin:
             out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], seg.name, seg.endpoint,
                                          seg.base + int(o.replica_offset[row, j]), int(o.size_bytes[row]),
                                          readable))
-        return out
 
     def _replica_table(self, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
                        codes: np.ndarray | None = None) -> pa.Table:
@@ -147,11 +154,11 @@ class ViewsMixin:
         sel[batch_idx] = codes[batch_idx]
         if readable_only:
             ki, r, j = ok.readable_slots(rows, sel, o.replica_status, o.replica_kind, o.replica_segment,
-                                         self.segments.readable)
+                                         self.segments.readable, o.replica_more)
         else:
-            chosen = rows[batch_idx]
-            ri, j = np.nonzero(o.replica_status[chosen] != 0)
-            ki, r = batch_idx[ri], chosen[ri]
+            chains = o.chains(rows[batch_idx])
+            ri, j = np.nonzero(o.replica_status[chains.rows] != 0)
+            ki, r = batch_idx[chains.owner[ri]], chains.rows[ri]
         # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
         infos = self.segments.info
         seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(infos))

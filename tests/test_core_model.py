@@ -35,6 +35,7 @@ class EngineVsModel(RuleBasedStateMachine):
                            max_kv_soft_pin_ttl_ms=MAX_SOFT_MS, put_start_discard_timeout_s=2,
                            put_start_release_timeout_s=5, client_live_ttl_s=30)
         self.m = MasterService(cfg, clocks=self.clocks, initial_capacity=16)
+        self.m.objects.hot_slots_max = 1  # every 2-replica put keeps its second replica in a continuation row
         self.ref = ReferenceMaster(lease_ttl_ms=LEASE_MS, default_soft_pin_ttl_ms=SOFT_MS,
                                    max_soft_pin_ttl_ms=MAX_SOFT_MS, discard_timeout_s=2,
                                    release_timeout_s=5, client_live_ttl_s=30)

@@ -53,7 +53,7 @@ def test_census_and_selection_match_slow_numpy(t, allow_soft, k):
     now, flags, lease, soft, status, kind, seg, refcnt, readable = t
     n = flags.size
     codes, counts, _ = ek.census(now, n, np.zeros(n, np.int32), -1, flags, lease, soft,
-                                 status, kind, seg, refcnt, readable)
+                                 status, kind, seg, refcnt, readable, np.empty(0, np.int32))  # no chains
     base = counts[ek.IN_BASE] + counts[ek.NO_PIN_CANDIDATE] + counts[ek.SOFT_PINNED_CANDIDATE]
     nopin = ek.rows_coded(codes, ek.NO_PIN_CANDIDATE, lease, None)
     softs = ek.rows_coded(codes, ek.SOFT_PINNED_CANDIDATE, lease, None) if allow_soft else nopin[:0]

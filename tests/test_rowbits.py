@@ -19,7 +19,7 @@ def test_locate_bitset_and_assignment_match_boolean_numpy(n, slots, seed):
     kind = rng.choice(np.array([0, KIND_MEMORY, 2], np.uint8), (n, slots))
     seg = rng.integers(-1, 4, (n, slots)).astype(np.int32)
     on = np.array([True, False, True, False])
-    bits, count = ok.objects_on_segments(on, n, flags, status, kind, seg)
+    bits, count = ok.objects_on_segments(on, n, flags, status, kind, seg, np.empty(0, np.int32))  # no chains
     want = ((flags & FLAG_LIVE) != 0) & ((status != 0) & (kind == KIND_MEMORY) & (seg >= 0)
                                          & on[np.maximum(seg, 0)]).any(axis=1)
     assert np.array_equal(rowbits.to_bool(bits, n), want) and count == want.sum()

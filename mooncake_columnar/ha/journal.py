@@ -18,6 +18,7 @@ import pyarrow as pa
 from numba import njit
 
 from ..errors import WindowFull
+from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_hard_pinned, is_soft_pin_enabled
 from ..schema import KIND_LOCAL_DISK, KIND_MEMORY, ReplicaStatus
 from ..store.segments import Segment
@@ -25,6 +26,7 @@ from .oplog import OpLogColumns, OpLogOp, OpType, SegmentPayload
 from .writer import OpLogWriter, Reservation
 
 if TYPE_CHECKING:
+    from ..eviction import EvictionPlan
     from ..master import MasterService
 
 _REMOVED = int(ReplicaStatus.REMOVED)
@@ -65,9 +67,9 @@ def _replica_place(kind, segment):
 
 @njit(cache=True)
 def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes, data_type,
-                    replica_status, replica_id, replica_kind, replica_segment, replica_offset):
-    """Per row: PUT_END if any kept slot (``keep[i, j]``, or with ``keep_complete`` the COMPLETE
-    slots), else REMOVE. Per PUT_END row: object row, client code, group code (-1: none), size,
+                    replica_status, replica_id, replica_kind, replica_segment, replica_offset, more):
+    """Per row: PUT_END if any kept slot (``keep[k, j]`` over the rows of the objects' replica
+    chains, ObjectTable.chains order, or with ``keep_complete`` the COMPLETE slots), else REMOVE. Per PUT_END row: object row, client code, group code (-1: none), size,
     data type, pin flags and kept replica count; per kept replica (row order, then slot order):
     id, kind, segment code (-1 when not in memory), offset and size. One pass, so a single-key
     call is one kernel call rather than dozens of tiny NumPy operations."""
@@ -76,13 +78,18 @@ def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes,
     op = np.empty(n, np.uint8)
     puts = 0
     kept = 0
+    q = 0  # row of ``keep``: the chain rows of rows[:i] come before
     for i in range(n):
         c = 0
-        for j in range(slots):
-            if keep_complete:
-                c += replica_status[rows[i], j] == _COMPLETE
-            else:
-                c += keep[i, j]
+        rr = np.int64(rows[i])
+        while rr >= 0:
+            for j in range(slots):
+                if keep_complete:
+                    c += replica_status[rr, j] == _COMPLETE
+                else:
+                    c += keep[q, j]
+            q += 1
+            rr = next_row(more, rr)
         op[i] = _PUT_END if c > 0 else _REMOVE_OP
         if c > 0:
             puts += 1
@@ -102,10 +109,15 @@ def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes,
     rsize = np.empty(kept, np.uint64)
     p = 0
     r = 0
+    q = 0
     for i in range(n):
-        if op[i] != _PUT_END:
-            continue
         row = rows[i]
+        if op[i] != _PUT_END:
+            rr = np.int64(row)
+            while rr >= 0:
+                q += 1
+                rr = next_row(more, rr)
+            continue
         f = flags[row]
         put[p] = row
         put_client[p] = client[row]
@@ -115,16 +127,20 @@ def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes,
         hard[p] = is_hard_pinned(f)
         soft[p] = is_soft_pin_enabled(f)
         c = 0
-        for j in range(slots):
-            take = replica_status[row, j] == _COMPLETE if keep_complete else keep[i, j]
-            if take:
-                rid[r] = replica_id[row, j]
-                kind[r] = replica_kind[row, j]
-                seg[r] = _replica_place(replica_kind[row, j], replica_segment[row, j])
-                offset[r] = replica_offset[row, j]
-                rsize[r] = size_bytes[row]
-                r += 1
-                c += 1
+        rr = np.int64(row)
+        while rr >= 0:
+            for j in range(slots):
+                take = replica_status[rr, j] == _COMPLETE if keep_complete else keep[q, j]
+                if take:
+                    rid[r] = replica_id[rr, j]
+                    kind[r] = replica_kind[rr, j]
+                    seg[r] = _replica_place(replica_kind[rr, j], replica_segment[rr, j])
+                    offset[r] = replica_offset[rr, j]
+                    rsize[r] = size_bytes[row]
+                    r += 1
+                    c += 1
+            q += 1
+            rr = next_row(more, rr)
         count[p] = c
         p += 1
     return op, put, put_client, put_group, size, dtype, hard, soft, count, rid, kind, seg, offset, rsize
@@ -141,12 +157,13 @@ class Journal:
     # ---- columns ---------------------------------------------------------------------------
     def _object_columns(self, m: "MasterService", rows: np.ndarray, keep: np.ndarray | None) -> OpLogColumns:
         """One entry per row, built from the engine columns: PUT_END carrying the replicas that
-        stay (``keep`` mask over slots, default: the COMPLETE ones), or REMOVE when none stays."""
+        stay (``keep`` mask over the slots of the rows' chains, default: the COMPLETE ones), or
+        REMOVE when none stays."""
         o = m.objects
         (op, put, client, group, size, data_type, hard, soft, count, rid, kind, seg, offset,
          rsize) = _gather_entries(rows, _NO_KEEP if keep is None else keep, keep is None, o.flags, o.group,
                                   o.client, o.size_bytes, o.data_type, o.replica_status, o.replica_id,
-                                  o.replica_kind, o.replica_segment, o.replica_offset)
+                                  o.replica_kind, o.replica_segment, o.replica_offset, o.replica_more)
         # one string table: the tenants, clients, groups and segment names these rows use, and ""
         strings: list[str] = []
         coded: dict[str, np.ndarray] = {}
@@ -185,8 +202,8 @@ class Journal:
         durable, and never without an entry (the reservation was made before they completed)."""
         self.writer.submit(res, self._object_columns(m, rows, None))
 
-    def hide_then_free(self, m: "MasterService", rows: np.ndarray, removed: np.ndarray | None = None) -> int:
-        """Mark the ``removed`` slots (default: every slot) of ``rows`` REMOVED, journal
+    def hide_then_free(self, m: "MasterService", rows: np.ndarray, plan: "EvictionPlan | None" = None) -> int:
+        """Mark the slots ``plan`` removes (default: every slot) of ``rows`` REMOVED, journal
         PUT_END(remaining)/REMOVE, and free them once durable, in window-sized reservations.
         Returns how many of ``rows`` (a prefix) were hidden; the others are unchanged because
         the window stayed full."""
@@ -194,19 +211,25 @@ class Journal:
         done = 0
         while done < rows.size:
             part = rows[done: done + self.window]
-            status = o.replica_status[part]
-            gone = status != 0 if removed is None else removed[done: done + part.size]
+            if plan is None:
+                chain = o.chains(part).rows
+                status = o.replica_status[chain]
+                gone = status != 0
+            else:
+                sub = plan.part(done, done + part.size)
+                chain, gone = sub.chains.rows, sub.removed
+                status = o.replica_status[chain]
             remaining = (status != 0) & ~gone
             body = self._object_columns(m, part, remaining & (status == _COMPLETE))
             res = self.reserve(int(part.size))
             if res is None:
                 break
-            ids = np.where(gone, o.replica_id[part], 0)
+            ids = np.where(gone, o.replica_id[chain], 0)
             r_idx, slot = np.nonzero(gone)
             m._charge(part, -1)  # the tenant ledger follows statuses: hidden bytes leave it now
-            o.replica_status[part[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable
+            o.replica_status[chain[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable
             m._charge(part, +1)
-            self.writer.submit(res, body, on_durable=lambda _batch, p=part, i=ids: m._finalize_removed(p, i))
+            self.writer.submit(res, body, on_durable=lambda _batch, p=chain, i=ids: m._finalize_removed(p, i))
             done += part.size
         return done
 
@@ -240,14 +263,17 @@ class PendingEntries:
 
 
 def finalize_removed(m: "MasterService", rows: np.ndarray, ids: np.ndarray) -> Sequence[int]:
-    """Free the REMOVED slots whose replica ids still match (rows may have been recycled since);
-    erase objects left without replicas. Returns the rows erased."""
+    """Free the REMOVED slots whose replica ids still match (``rows``: objects' rows or their
+    continuation rows, which may have been recycled since); erase objects left without
+    replicas. Returns the rows erased."""
     o = m.objects
     status = o.replica_status[rows]
     match = (ids != 0) & (o.replica_id[rows] == ids) & (status == _REMOVED)
     r_idx, slot = np.nonzero(match)
     m._drop_slots(rows[r_idx], slot)
-    gone = np.unique(rows[match.any(axis=1) & ~(o.replica_status[rows] != 0).any(axis=1)])
+    touched = np.unique(o.owners(rows[match.any(axis=1)]))
+    chains = o.chains(touched)
+    gone = touched[~chains.any(o.replica_status[chains.rows] != 0)]
     m._erase_rows(gone)
     return gone
 

@@ -8,10 +8,14 @@ over segments, tenants and group codes (few).
 Checks, in order:
 
 * ``segment_registry``: ``by_name``/``info`` agree; unmounted codes hold no allocator state.
-* ``live_count``, ``free_rows``: LIVE rows below high_water == live_count; the free-row stack
-  is duplicate-free, below high_water, holds no LIVE row, and free + live == high_water.
+* ``live_count``, ``free_rows``, ``replica_chain``: LIVE rows below high_water == live_count;
+  each continuation row (kernels/chains.py) is in exactly one LIVE object's chain, names it and
+  carries its size, and their number is cont_count; the free-row stack is duplicate-free,
+  below high_water, holds no LIVE or continuation row, and free + live + continuation ==
+  high_water.
 * ``replica_row``, ``replica_id``, ``replica_segment``, ``replica_extent``,
-  ``replica_alignment``: every in-use replica slot belongs to a LIVE row and has an id in
+  ``replica_alignment``: every in-use replica slot belongs to a LIVE row (or one of its
+  continuation rows) and has an id in
   [1, next_replica_id); every in-use MEMORY slot (and every pending discarded extent) lies on a
   mounted segment, inside its capacity, at an offset aligned to its allocation unit.
 * ``free_list``, ``extent_overlap``, ``free_overlap``, ``free_list_gap``, ``segment_used``:
@@ -54,8 +58,8 @@ if TYPE_CHECKING:
 def verify_engine(m: "MasterService") -> None:
     """Raise EngineInvariantError naming the first broken invariant (caller holds the lock)."""
     _check_segment_registry(m)
-    _check_rows(m)
-    ascending = _check_slots(m)
+    owned = _check_rows(m)
+    ascending = _check_slots(m, owned)
     _check_allocators(m, ascending)
     _check_key_index(m)
     _check_inflight(m)

@@ -7,7 +7,6 @@ import numpy as np
 from numba import njit
 
 from ..kernels import allocation as ak
-from ..kernels.predicates import is_live
 
 from .report import _INT64_MAX, _MEM, _fail, _row_name, _seg_name
 
@@ -37,8 +36,9 @@ def _extent_problem(o, z, capacity, unit_bits):
 
 
 @njit(cache=True, nogil=True)
-def _slot_pass(hw, flags, status, kind, seg, off, size, rep_id, next_id, mounted, capacity, unit_bits):
-    """Validate every in-use slot of rows [0, hw) in row order. Returns (problem, row, slot,
+def _slot_pass(hw, owned, status, kind, seg, off, size, rep_id, next_id, mounted, capacity, unit_bits):
+    """Validate every in-use slot of rows [0, hw) in row order (``owned``: the LIVE rows and
+    their continuation rows, the only rows that may hold slots). Returns (problem, row, slot,
     per-segment ascending): ascending[s] says the memory replicas of segment s appear in strictly
     increasing offset order by row (bulk loads and restores allocate so), which lets the extent
     check stream the columns instead of gathering and sorting."""
@@ -46,7 +46,7 @@ def _slot_pass(hw, flags, status, kind, seg, off, size, rep_id, next_id, mounted
     last = np.full(n_codes, -1, np.int64)
     ascending = np.ones(n_codes, np.bool_)
     for r in range(hw):
-        live = is_live(flags[r])
+        live = owned[r]
         for j in range(status.shape[1]):
             if status[r, j] == 0:
                 continue
@@ -80,13 +80,17 @@ def _mounted_mask(m: "MasterService") -> np.ndarray:
     return mounted
 
 
-def _check_slots(m: "MasterService") -> np.ndarray:
-    """Every in-use slot and discarded extent; returns the per-segment ascending flags."""
+def _check_slots(m: "MasterService", owned: np.ndarray | None = None) -> np.ndarray:
+    """Every in-use slot and discarded extent; returns the per-segment ascending flags.
+    ``owned``: the rows that may hold slots (from _check_rows, which runs it when not given)."""
+    if owned is None:
+        from .rows import _check_rows
+        owned = _check_rows(m)
     o, s = m.objects, m.segments
     mounted = _mounted_mask(m)
     n = mounted.size
     problem, r, j, ascending = _slot_pass(
-        o.high_water, o.flags, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset,
+        o.high_water, owned, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset,
         o.size_bytes, o.replica_id, np.uint64(m.next_replica_id), mounted, s.capacity[:n], s.unit_bits[:n])
     if problem:
         code = int(o.replica_segment[r, j])

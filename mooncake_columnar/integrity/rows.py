@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit
 
+from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
 
@@ -44,7 +45,59 @@ def _check_free_stack(free_rows, free_count, hw, flags):
     return 0, -1
 
 
-def _check_rows(m: "MasterService") -> None:
+@njit(cache=True, nogil=True)
+def _claim_chains(hw, flags, more, group_next, sizes, claimed):
+    """Walk the chain of every LIVE row of [0, hw), marking its continuation rows in
+    ``claimed``. (0, -1) or (problem, row): 1 a link out of range, 2 a continuation row that is
+    LIVE, 3 a row reached twice (a shared tail or a cycle), 4 a continuation row that does not
+    name its object or carries another size."""
+    for r in range(hw):
+        if not is_live(flags[r]):
+            continue
+        c = next_row(more, r)
+        while c >= 0:
+            if c >= hw:
+                return 1, r
+            if is_live(flags[c]):
+                return 2, c
+            if claimed[c]:
+                return 3, c
+            if group_next[c] != r or sizes[c] != sizes[r]:
+                return 4, c
+            claimed[c] = True
+            c = next_row(more, c)
+    return 0, -1
+
+
+def _check_chains(m: "MasterService") -> np.ndarray:
+    """Replica chains (kernels/chains.py): each continuation row belongs to exactly one LIVE
+    object's chain, names it and carries its size; no other row links anywhere. Returns the
+    continuation rows as a mask over [0, high_water)."""
+    o = m.objects
+    hw = o.high_water
+    claimed = np.zeros(hw, np.bool_)
+    if not o.replica_more.size:
+        if o.cont_count:
+            _fail("replica_chain", f"cont_count is {o.cont_count} but no row has a continuation")
+        return claimed
+    problem, r = _claim_chains(hw, o.flags, o.replica_more, o.group_next, o.size_bytes, claimed)
+    if problem:
+        what = {1: f"{_row_name(m, r)} links past high_water {hw}",
+                2: f"continuation row {r} is LIVE", 3: f"row {r} is in two chains or in a cycle",
+                4: f"continuation row {r} does not name its object or has another size"}[problem]
+        _fail("replica_chain", what)
+    stray = np.flatnonzero((o.replica_more[:hw] >= 0) & ~claimed & ((o.flags[:hw] & FLAG_LIVE) == 0))
+    if stray.size:
+        _fail("replica_chain", f"row {int(stray[0])} is neither LIVE nor in a chain but links to row "
+                               f"{int(o.replica_more[stray[0]])}")
+    if int(claimed.sum()) != o.cont_count:
+        _fail("replica_chain", f"{int(claimed.sum())} continuation rows in chains, cont_count is {o.cont_count}")
+    return claimed
+
+
+def _check_rows(m: "MasterService") -> np.ndarray:
+    """Free stack, live and continuation rows; returns the rows that may hold replica slots
+    (LIVE rows and their continuation rows) as a mask over [0, high_water)."""
     o = m.objects
     hw = o.high_water
     live = int(np.count_nonzero(o.flags[:hw] & FLAG_LIVE))
@@ -58,8 +111,14 @@ def _check_rows(m: "MasterService") -> None:
         what = {1: f"row {r} is outside [0, high_water {hw})", 2: f"{_row_name(m, r)} is LIVE",
                 3: f"row {r} is listed twice"}[problem]
         _fail("free_rows", f"free stack position {at}: {what}")
-    if o.free_count + o.live_count != hw:
-        _fail("free_rows", f"free_count {o.free_count} + live_count {o.live_count} != high_water {hw}")
+    conts = _check_chains(m)
+    listed = o.free_rows[:o.free_count]
+    if conts[listed].any():
+        _fail("free_rows", f"continuation row {int(listed[conts[listed]][0])} is on the free stack")
+    if o.free_count + o.live_count + o.cont_count != hw:
+        _fail("free_rows", f"free_count {o.free_count} + live_count {o.live_count} + continuation rows "
+                           f"{o.cont_count} != high_water {hw}")
+    return conts | ((o.flags[:hw] & FLAG_LIVE) != 0)
 
 
 # ================================================================================ in-flight
@@ -220,7 +279,7 @@ def _check_groups(m: "MasterService") -> None:
 
 # ================================================================================ ledger, ids
 @njit(cache=True, nogil=True)
-def _ledger_sums(hw, flags, tenant, size, status, kind, n_tenants):
+def _ledger_sums(hw, flags, tenant, size, status, kind, more, n_tenants):
     """quota.TenantLedger.charge over every LIVE row: (pending, committed, bad row or -1)."""
     pending = np.zeros(n_tenants, np.int64)
     committed = np.zeros(n_tenants, np.int64)
@@ -230,13 +289,16 @@ def _ledger_sums(hw, flags, tenant, size, status, kind, n_tenants):
         t = tenant[r]
         if t < 0 or t >= n_tenants:
             return pending, committed, r
-        for j in range(status.shape[1]):
-            if kind[r, j] != _MEM:
-                continue
-            if status[r, j] == _ST_PROCESSING:
-                pending[t] += size[r]
-            elif status[r, j] == _ST_COMPLETE:
-                committed[t] += size[r]
+        rr = np.int64(r)
+        while rr >= 0:
+            for j in range(status.shape[1]):
+                if kind[rr, j] != _MEM:
+                    continue
+                if status[rr, j] == _ST_PROCESSING:
+                    pending[t] += size[r]
+                elif status[rr, j] == _ST_COMPLETE:
+                    committed[t] += size[r]
+            rr = next_row(more, rr)
     return pending, committed, -1
 
 
@@ -246,7 +308,7 @@ def _check_ledger(m: "MasterService") -> None:
     o, ledger = m.objects, m.ledger
     n = max(len(m.tenants), ledger.pending.size, ledger.committed.size)
     pending, committed, r = _ledger_sums(o.high_water, o.flags, o.tenant, o.size_bytes, o.replica_status,
-                                         o.replica_kind, n)
+                                         o.replica_kind, o.replica_more, n)
     if r >= 0:
         _fail("tenant_ledger", f"row {r} has unknown tenant code {int(o.tenant[r])}")
     for name, want in (("pending", pending), ("committed", committed)):

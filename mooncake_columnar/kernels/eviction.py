@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .chains import next_row
 from .predicates import (is_eviction_candidate, is_evictable_memory_replica, is_grouped,
                          is_hard_pinned, is_live, is_unreadable_memory_replica, lease_expired,
                          object_has_evictable_memory_replica, slot_in_use, soft_pin_active)
@@ -20,7 +21,7 @@ _CHUNKS = 64
 
 @njit(cache=True, nogil=True, parallel=True)
 def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
-           status, kind, segment, refcnt, seg_readable):
+           status, kind, segment, refcnt, seg_readable, more):
     """Classify every row (in parallel chunks): NOT_IN_BASE, IN_BASE (evictable replica, lease
     live), NO_PIN_CANDIDATE or SOFT_PINNED_CANDIDATE (lease expired); ``only_tenant`` >= 0
     restricts everything to one tenant. Returns (codes, rows per code, complete memory replicas
@@ -41,12 +42,15 @@ def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
             if only_tenant >= 0:
                 if tenant[r] != only_tenant:
                     continue
-            if not object_has_evictable_memory_replica(r, status, kind, segment, refcnt, seg_readable):
+            if not object_has_evictable_memory_replica(r, status, kind, segment, refcnt, seg_readable, more):
                 if lease_expired(lease[r], now):
-                    for j in range(status.shape[1]):
-                        if is_unreadable_memory_replica(status[r, j], kind[r, j], segment[r, j], refcnt[r, j],
-                                                        seg_readable):
-                            local_skipped += 1
+                    rr = np.int64(r)
+                    while rr >= 0:
+                        for j in range(status.shape[1]):
+                            if is_unreadable_memory_replica(status[rr, j], kind[rr, j], segment[rr, j],
+                                                            refcnt[rr, j], seg_readable):
+                                local_skipped += 1
+                        rr = next_row(more, rr)
                 continue
             if not lease_expired(lease[r], now):
                 codes[r] = IN_BASE
@@ -237,17 +241,20 @@ def _member_blocks_group(r, now, lease, flags, group_next):
 
 
 @njit(cache=True, nogil=True)
-def _evictable_bytes(r, sizes, status, kind, segment, refcnt, seg_readable):
+def _evictable_bytes(r, sizes, status, kind, segment, refcnt, seg_readable, more):
     n = 0
-    for j in range(status.shape[1]):
-        if is_evictable_memory_replica(status[r, j], kind[r, j], segment[r, j], refcnt[r, j], seg_readable):
-            n += 1
+    rr = np.int64(r)
+    while rr >= 0:
+        for j in range(status.shape[1]):
+            if is_evictable_memory_replica(status[rr, j], kind[rr, j], segment[rr, j], refcnt[rr, j], seg_readable):
+                n += 1
+        rr = next_row(more, rr)
     return n * sizes[r]
 
 
 @njit(cache=True, nogil=True)
 def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_deadline, group_next,
-         sizes, status, kind, segment, refcnt, seg_readable):
+         sizes, status, kind, segment, refcnt, seg_readable, more):
     """Walk census candidates in order until ``want`` objects (or ``want_bytes`` of evictable
     memory, tenant quota) are planned; a grouped candidate brings every safe member of its
     group, or nothing when one member still holds a lease.
@@ -272,18 +279,18 @@ def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_d
             codes[r] = mark
             n += 1
             if count_bytes:
-                freed += _evictable_bytes(r, sizes, status, kind, segment, refcnt, seg_readable)
+                freed += _evictable_bytes(r, sizes, status, kind, segment, refcnt, seg_readable, more)
             continue
         if _member_blocks_group(r, now, lease, flags, group_next):
             continue
         m = r
         while True:  # safe members go; hard- or soft-pinned ones stay
             if codes[m] < PLANNED and is_eviction_candidate(m, now, allow_soft, flags, lease, soft_deadline,
-                                                     status, kind, segment, refcnt, seg_readable):
+                                                     status, kind, segment, refcnt, seg_readable, more):
                 codes[m] = mark
                 n += 1
                 if count_bytes:
-                    freed += _evictable_bytes(m, sizes, status, kind, segment, refcnt, seg_readable)
+                    freed += _evictable_bytes(m, sizes, status, kind, segment, refcnt, seg_readable, more)
             m = group_next[m]
             if m == r:
                 break
@@ -292,18 +299,21 @@ def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_d
 
 @njit(cache=True, nogil=True, parallel=True)
 def finalize(rows, codes, now, flags, lease, soft_deadline, status, kind, segment, refcnt,
-             seg_readable, keep, removed, remaining):
+             seg_readable, more, keep, owner, chain, removed, remaining):
     """Re-validate planned rows (sorted by row: a streaming pass) with the shared predicate and
-    mark, per row, the replicas eviction drops and those that remain (oplog PUT_END(remaining)).
+    mark, per row of their chains (``owner``/``chain``: ObjectTable.chains), the replicas
+    eviction drops and those that remain (oplog PUT_END(remaining)).
     """
     for i in prange(rows.shape[0]):
         r = rows[i]
         keep[i] = is_eviction_candidate(r, now, codes[r] == PLANNED_SOFT, flags, lease, soft_deadline,
-                                        status, kind, segment, refcnt, seg_readable)
+                                        status, kind, segment, refcnt, seg_readable, more)
+    for k in prange(chain.shape[0]):
+        r = chain[k]
         for j in range(status.shape[1]):
             drop = False
-            if keep[i]:
+            if keep[owner[k]]:
                 drop = is_evictable_memory_replica(status[r, j], kind[r, j], segment[r, j], refcnt[r, j],
                                                    seg_readable)
-            removed[i, j] = drop
-            remaining[i, j] = False if drop else slot_in_use(status[r, j])
+            removed[k, j] = drop
+            remaining[k, j] = False if drop else slot_in_use(status[r, j])

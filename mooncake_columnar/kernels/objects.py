@@ -10,6 +10,7 @@ from numba import njit, prange
 
 from ..schema import FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_PROCESSING
 from . import allocation as ak
+from .chains import next_row
 from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
 from .leases import commit_soft_pin, grant_read_lease, grant_until
@@ -84,11 +85,12 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
                      table, arena, arena_used, key_refs, row_tenant,
                      allocatable, capacity, unit_bits, used, starts, lengths, counts,
                      rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
-                     codes, out_rows):
+                     codes, out_rows, ex_row, ex_seg, ex_off, ex_id):
     """Create objects for batch keys ``picks``; keys already present get ALREADY_EXISTS.
 
-    Takes rows from ``free_rows`` in order; writes codes/out_rows per key. Returns
-    (rows used, new arena size, next replica id).
+    Takes rows from ``free_rows`` in order; writes codes/out_rows per key. Replicas beyond the
+    row's slots (a wide put) go to ``ex_*`` (object row, segment, offset, id) for the caller
+    to place in continuation rows. Returns (rows used, new arena size, next replica id, extras).
     """
     seg_buf = np.empty(replica_num, np.int64)
     off_buf = np.empty(replica_num, np.int64)
@@ -96,6 +98,8 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
     hashes = np.empty(_BLOCK, np.uint64)
     probe = np.empty(_BLOCK, np.int64)
     used_rows = 0
+    extras = 0
+    hot = rep_status.shape[1]
     for i in range(picks.shape[0]):
         t = i % _BLOCK
         if t == 0:  # stage: hash a block and touch its home slots so the misses overlap
@@ -119,11 +123,18 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
         row = free_rows[used_rows]
         used_rows += 1
         for j in range(placed):
-            rep_seg[row, j] = seg_buf[j]
-            rep_off[row, j] = off_buf[j]
-            rep_status[row, j] = _ST_PROC
-            rep_kind[row, j] = _MEM
-            rep_id[row, j] = next_replica_id
+            if j < hot:
+                rep_seg[row, j] = seg_buf[j]
+                rep_off[row, j] = off_buf[j]
+                rep_status[row, j] = _ST_PROC
+                rep_kind[row, j] = _MEM
+                rep_id[row, j] = next_replica_id
+            else:
+                ex_row[extras] = row
+                ex_seg[extras] = seg_buf[j]
+                ex_off[extras] = off_buf[j]
+                ex_id[extras] = next_replica_id
+                extras += 1
             next_replica_id += 1
         arena[arena_used:arena_used + ln] = data[s:s + ln]
         key_refs[row] = hk.key_ref(arena_used, ln)
@@ -132,7 +143,7 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
         hk.fill_slot(table, slot, h, row)  # nothing touched the table since the probe
         codes[k] = OK
         out_rows[k] = row
-    return used_rows, arena_used, next_replica_id
+    return used_rows, arena_used, next_replica_id, extras
 
 
 _insert_new_puts_nogil = variant(_insert_new_puts, "_nogil", nogil=True)
@@ -147,7 +158,7 @@ def insert_new_puts(picks, *args):
 
 @njit(cache=True)
 def _complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadline, rep_status,
-                   inflight, pending_ttl, released):
+                   inflight, pending_ttl, released, more):
     """put_end for many rows: PROCESSING -> COMPLETE, lease = max(lease, now), soft-pin commit.
 
     ``codes`` is pre-filled (NOT_FOUND where row < 0). Inflight slots of finished puts are
@@ -164,21 +175,27 @@ def _complete_puts(rows, client, now, codes, flags, client_col, lease, soft_dead
         f = flags[r]
         if not is_put_in_flight(f):
             all_complete = True
-            for j in range(rep_status.shape[1]):
-                st = rep_status[r, j]
-                if slot_in_use(st) and not slot_is_complete(st):
-                    all_complete = False
+            rr = r
+            while rr >= 0:
+                for j in range(rep_status.shape[1]):
+                    st = rep_status[rr, j]
+                    if slot_in_use(st) and not slot_is_complete(st):
+                        all_complete = False
+                rr = next_row(more, rr)
             codes[i] = OK if all_complete else INVALID_WRITE
             continue
         had_complete = False
         completed = 0
-        for j in range(rep_status.shape[1]):
-            st = rep_status[r, j]
-            if slot_is_complete(st):
-                had_complete = True
-            elif slot_is_processing(st):
-                rep_status[r, j] = _ST_DONE
-                completed += 1
+        rr = r
+        while rr >= 0:
+            for j in range(rep_status.shape[1]):
+                st = rep_status[rr, j]
+                if slot_is_complete(st):
+                    had_complete = True
+                elif slot_is_processing(st):
+                    rep_status[rr, j] = _ST_DONE
+                    completed += 1
+            rr = next_row(more, rr)
         done += completed
         slot = inflight[r]
         if has_pending_soft_pin(f) and not had_complete and completed > 0:
@@ -203,7 +220,7 @@ def complete_puts(rows, *args):
 
 @njit(cache=True)
 def _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
-                    rep_status, rep_kind, rep_seg, seg_readable):
+                    rep_status, rep_kind, rep_seg, seg_readable, more):
     """get/exist: OK (lease granted), NOT_FOUND, or NOT_READY per row, one ``now`` for all."""
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -212,14 +229,17 @@ def _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
             continue
         readable = False
         all_removed = True
-        for j in range(rep_status.shape[1]):
-            st = rep_status[r, j]
-            if not slot_in_use(st):
-                continue
-            if not slot_is_removed(st):
-                all_removed = False
-            if is_readable_replica(st, rep_kind[r, j], rep_seg[r, j], seg_readable):
-                readable = True
+        rr = r
+        while rr >= 0:
+            for j in range(rep_status.shape[1]):
+                st = rep_status[rr, j]
+                if not slot_in_use(st):
+                    continue
+                if not slot_is_removed(st):
+                    all_removed = False
+                if is_readable_replica(st, rep_kind[rr, j], rep_seg[rr, j], seg_readable):
+                    readable = True
+            rr = next_row(more, rr)
         if readable:
             grant_read_lease(r, now, ttl_ns, lease, flags, group_next)
             codes[i] = OK
@@ -239,7 +259,7 @@ def classify_reads(rows, *args):
 
 @njit(cache=True)
 def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns,
-                           flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable):
+                           flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable, more):
     """Single-key fast path of get_replica_list: (code, row) with the lease granted on OK."""
     h = hk.hash_key(key, 0, key.shape[0], tenant)
     r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, key.shape[0], tenant, h)
@@ -247,20 +267,23 @@ def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now,
     rows[0] = r
     codes = np.empty(1, np.int32)
     _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next, rep_status, rep_kind, rep_seg,
-                   seg_readable)
+                   seg_readable, more)
     return codes[0], r
 
 
 @njit(cache=True)
-def _readable_slots(rows, codes, rep_status, rep_kind, rep_seg, seg_readable):
-    """(batch index, row, slot) of every readable replica of the rows whose code is OK."""
+def _readable_slots(rows, codes, rep_status, rep_kind, rep_seg, seg_readable, more):
+    """(batch index, row, slot) of every readable replica of the rows whose code is OK (the
+    row of a slot is the object's row or one of its continuation rows)."""
     n = 0
     for i in range(rows.shape[0]):
         if codes[i] == OK:
             r = rows[i]
-            for j in range(rep_status.shape[1]):
-                if is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable):
-                    n += 1
+            while r >= 0:
+                for j in range(rep_status.shape[1]):
+                    if is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable):
+                        n += 1
+                r = next_row(more, r)
     out_i = np.empty(n, np.int64)
     out_r = np.empty(n, np.int64)
     out_j = np.empty(n, np.int64)
@@ -268,12 +291,14 @@ def _readable_slots(rows, codes, rep_status, rep_kind, rep_seg, seg_readable):
     for i in range(rows.shape[0]):
         if codes[i] == OK:
             r = rows[i]
-            for j in range(rep_status.shape[1]):
-                if is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable):
-                    out_i[k] = i
-                    out_r[k] = r
-                    out_j[k] = j
-                    k += 1
+            while r >= 0:
+                for j in range(rep_status.shape[1]):
+                    if is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable):
+                        out_i[k] = i
+                        out_r[k] = r
+                        out_j[k] = j
+                        k += 1
+                r = next_row(more, r)
     return out_i, out_r, out_j
 
 
@@ -328,7 +353,7 @@ def unlink_group_members(rows, group_head, group_next, group_col, flags):
 
 
 @njit(cache=True)
-def _classify_removals(rows, now, force, lease, rep_status, codes):
+def _classify_removals(rows, now, force, lease, rep_status, codes, more):
     """remove/batch_remove/remove_all: OBJECT_HAS_LEASE unless force; NOT_READY while incomplete."""
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -339,10 +364,12 @@ def _classify_removals(rows, now, force, lease, rep_status, codes):
             codes[i] = HAS_LEASE
             continue
         codes[i] = OK
-        for j in range(rep_status.shape[1]):
-            st = rep_status[r, j]
-            if slot_in_use(st) and not slot_is_complete(st):
-                codes[i] = NOT_READY
+        while r >= 0:
+            for j in range(rep_status.shape[1]):
+                st = rep_status[r, j]
+                if slot_in_use(st) and not slot_is_complete(st):
+                    codes[i] = NOT_READY
+            r = next_row(more, r)
 
 
 _classify_removals_nogil = variant(_classify_removals, "_nogil", nogil=True)
@@ -356,7 +383,7 @@ def classify_removals(rows, *args):
 
 
 @njit(cache=True)
-def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind):
+def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind, more):
     """Unmount: clear every memory replica slot on segment ``code``; returns rows left with none."""
     out = np.empty(rows_hw, np.int64)
     n = 0
@@ -365,15 +392,18 @@ def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind):
             continue
         touched = False
         remaining = 0
-        for j in range(rep_status.shape[1]):
-            if not slot_in_use(rep_status[r, j]):
-                continue
-            if rep_kind[r, j] == _MEM and rep_seg[r, j] == code:
-                rep_status[r, j] = 0
-                rep_seg[r, j] = -1
-                touched = True
-            else:
-                remaining += 1
+        rr = r
+        while rr >= 0:
+            for j in range(rep_status.shape[1]):
+                if not slot_in_use(rep_status[rr, j]):
+                    continue
+                if rep_kind[rr, j] == _MEM and rep_seg[rr, j] == code:
+                    rep_status[rr, j] = 0
+                    rep_seg[rr, j] = -1
+                    touched = True
+                else:
+                    remaining += 1
+            rr = next_row(more, rr)
         if touched and remaining == 0:
             out[n] = r
             n += 1
@@ -404,8 +434,18 @@ def _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
     return on_segment[s]
 
 
+@njit(inline="always", cache=True)
+def _any_on_segments(r, on_segment, rep_status, rep_kind, rep_seg, more):
+    while r >= 0:
+        for j in range(rep_status.shape[1]):
+            if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                return True
+        r = next_row(more, r)
+    return False
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def objects_on_segments(on_segment, rows_hw, flags, rep_status, rep_kind, rep_seg):
+def objects_on_segments(on_segment, rows_hw, flags, rep_status, rep_kind, rep_seg, more):
     """Remount's one columnar pass: the bitset (:mod:`.rowbits`) of the objects with a memory
     replica on any segment flagged in ``on_segment`` (each object once, however many replicas
     match), and how many there are."""
@@ -420,23 +460,20 @@ def objects_on_segments(on_segment, rows_hw, flags, rep_status, rep_kind, rep_se
             word = np.uint64(0)
             for b in range(min(64, rows_hw - (w << 6))):
                 r = (w << 6) + b
-                if is_live(flags[r]):
-                    for j in range(rep_status.shape[1]):
-                        if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-                            word |= bit(b)
-                            k += 1
-                            break
+                if is_live(flags[r]) and _any_on_segments(r, on_segment, rep_status, rep_kind, rep_seg, more):
+                    word |= bit(b)
+                    k += 1
             bits[w] = word
         found[c] = k
     return bits, found.sum()
 
 
 @njit(cache=True, nogil=True)
-def segment_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off):
+def segment_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off, more):
     """(segment, offset, size) of the matching replicas of the ``matched`` objects in ``bits``
     (allocator rebuild), in row order. One pass into arrays sized for the worst case: only the
     pages written are touched."""
-    bound = matched * rep_status.shape[1]
+    bound = (matched + more.shape[0]) * rep_status.shape[1]  # continuation rows: at most one per row
     segs = np.empty(bound, np.int64)
     offs = np.empty(bound, np.int64)
     lens = np.empty(bound, np.int64)
@@ -447,12 +484,14 @@ def segment_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_
             for b in range(64):
                 if has_bit(word, b):
                     r = (w << 6) + b
-                    for j in range(rep_status.shape[1]):
-                        if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-                            segs[k] = rep_seg[r, j]
-                            offs[k] = rep_off[r, j]
-                            lens[k] = sizes[r]
-                            k += 1
+                    while r >= 0:
+                        for j in range(rep_status.shape[1]):
+                            if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                                segs[k] = rep_seg[r, j]
+                                offs[k] = rep_off[r, j]
+                                lens[k] = sizes[r]
+                                k += 1
+                        r = next_row(more, r)
     return segs[:k], offs[:k], lens[:k]
 
 
@@ -469,7 +508,7 @@ def _on_code(r, j, code, rep_status, rep_kind, rep_seg):
 
 
 @njit(cache=True, nogil=True)
-def free_extents_of_segment(bits, code, capacity, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off):
+def free_extents_of_segment(bits, code, capacity, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off, more):
     """Streaming allocator rebuild for one segment: walk the replicas on ``code`` of the objects
     in ``bits`` in row order and emit the gaps between their held extents (ak.held_end) as free
     extents, without gathering the occupied extents.
@@ -485,9 +524,12 @@ def free_extents_of_segment(bits, code, capacity, unit_bits, sizes, rep_status, 
         if word:
             for b in range(64):
                 if has_bit(word, b):
-                    for j in range(rep_status.shape[1]):
-                        if _on_code((w << 6) + b, j, code, rep_status, rep_kind, rep_seg):
-                            n += 1
+                    r = (w << 6) + b
+                    while r >= 0:
+                        for j in range(rep_status.shape[1]):
+                            if _on_code(r, j, code, rep_status, rep_kind, rep_seg):
+                                n += 1
+                        r = next_row(more, r)
     starts = np.empty(n + 1, np.int64)
     lengths = np.empty(n + 1, np.int64)
     k = 0
@@ -503,31 +545,33 @@ def free_extents_of_segment(bits, code, capacity, unit_bits, sizes, rep_status, 
             if not has_bit(word, b):
                 continue
             r = (w << 6) + b
-            for j in range(rep_status.shape[1]):
-                if not _on_code(r, j, code, rep_status, rep_kind, rep_seg):
-                    continue
-                off = rep_off[r, j]
-                size = sizes[r]
-                if off < last_start:
-                    return REBUILD_UNSORTED, starts[:0], lengths[:0], 0
-                if off < 0:
-                    return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
-                if size <= 0:
-                    return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
-                if off + size > capacity:
-                    return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
-                if off < last_end:
-                    return REBUILD_OVERLAP, starts[:0], lengths[:0], 0
-                if off < cursor:
-                    return REBUILD_SHARED_UNIT, starts[:0], lengths[:0], 0
-                if off > cursor:
-                    starts[k] = cursor
-                    lengths[k] = off - cursor
-                    k += 1
-                cursor = ak.held_end(off, size, unit_bits, capacity)
-                last_end = off + size
-                last_start = off
-                used += cursor - off
+            while r >= 0:
+                for j in range(rep_status.shape[1]):
+                    if not _on_code(r, j, code, rep_status, rep_kind, rep_seg):
+                        continue
+                    off = rep_off[r, j]
+                    size = sizes[r]
+                    if off < last_start:
+                        return REBUILD_UNSORTED, starts[:0], lengths[:0], 0
+                    if off < 0:
+                        return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
+                    if size <= 0:
+                        return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
+                    if off + size > capacity:
+                        return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
+                    if off < last_end:
+                        return REBUILD_OVERLAP, starts[:0], lengths[:0], 0
+                    if off < cursor:
+                        return REBUILD_SHARED_UNIT, starts[:0], lengths[:0], 0
+                    if off > cursor:
+                        starts[k] = cursor
+                        lengths[k] = off - cursor
+                        k += 1
+                    cursor = ak.held_end(off, size, unit_bits, capacity)
+                    last_end = off + size
+                    last_start = off
+                    used += cursor - off
+                r = next_row(more, r)
     if capacity > cursor:
         starts[k] = cursor
         lengths[k] = capacity - cursor

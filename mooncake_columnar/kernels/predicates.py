@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from numba import njit
 
+from .chains import next_row
+
 from ..schema import (FLAG_ERASE_MARK, FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE,
                       FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
                       ST_COMPLETE, ST_EMPTY, ST_PROCESSING, ST_REMOVED)
@@ -142,25 +144,29 @@ def has_pending_soft_pin(flags):
 
 
 @njit(inline="always", cache=True)
-def object_has_readable_replica(row, status, kind, segment, segment_readable):
-    for j in range(status.shape[1]):
-        if is_readable_replica(status[row, j], kind[row, j], segment[row, j], segment_readable):
-            return True
+def object_has_readable_replica(row, status, kind, segment, segment_readable, more):
+    while row >= 0:
+        for j in range(status.shape[1]):
+            if is_readable_replica(status[row, j], kind[row, j], segment[row, j], segment_readable):
+                return True
+        row = next_row(more, row)
     return False
 
 
 @njit(inline="always", cache=True)
-def object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable):
-    for j in range(status.shape[1]):
-        if is_evictable_memory_replica(status[row, j], kind[row, j], segment[row, j], refcnt[row, j],
-                                       segment_readable):
-            return True
+def object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable, more):
+    while row >= 0:
+        for j in range(status.shape[1]):
+            if is_evictable_memory_replica(status[row, j], kind[row, j], segment[row, j], refcnt[row, j],
+                                           segment_readable):
+                return True
+        row = next_row(more, row)
     return False
 
 
 @njit(inline="always", cache=True)
 def is_eviction_candidate(row, now, allow_soft_pinned, flags, lease, soft_deadline,
-                          status, kind, segment, refcnt, segment_readable):
+                          status, kind, segment, refcnt, segment_readable, more):
     """Object-level memory-eviction candidate at the sampled ``now``."""
     f = flags[row]
     if is_hard_pinned(f):
@@ -170,4 +176,4 @@ def is_eviction_candidate(row, now, allow_soft_pinned, flags, lease, soft_deadli
     if not allow_soft_pinned:
         if soft_pin_active(f, soft_deadline[row], now):
             return False
-    return object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable)
+    return object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable, more)

@@ -19,6 +19,7 @@ from numba import njit
 
 from ..errors import SnapshotIntegrityError
 from ..kernels import arena as arena_k
+from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
 from ..kernels import index_load
 from ..kernels import objects as ok
@@ -87,6 +88,8 @@ def freeze(m: "MasterService", alloc: Allocator = _fresh) -> FrozenColumns:
         src = getattr(o, name)[:hw]
         columns[name] = alloc(name, src.shape, src.dtype)
         np.copyto(columns[name], src)
+    if o.replica_more.size:  # wide objects' continuation rows (kernels/chains.py): rare, a plain copy
+        columns["replica_more"] = o.replica_more[:hw].copy()
     inflight_rows = np.flatnonzero(o.inflight[:hw] >= 0)
     s = m.segments
     return FrozenColumns(
@@ -188,6 +191,12 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
         f.inflight_start_ms[is_live[f.inflight_rows]]
     status = rows(c["replica_status"])
     used = status != 0
+    chains = None
+    if "replica_more" in c:  # an object's slots: its row's, then its continuation rows'
+        owner, chain = chain_k.expand(_iota(np.empty(fl.shape[0], np.int64)) if live is None else live,
+                                      c["replica_more"])
+        chained = c["replica_status"][chain] != 0
+        chains = (owner, chain, chained)
     objects = layout_table(OBJECTS_PAYLOAD_SCHEMA, {
         "tenant": _names(rows(c["tenant"]), f.tenants),
         "key": _keys(f.arena, rows(c["key_ref"]), alloc),
@@ -202,12 +211,20 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
         "soft_pin_deadline_ns": rows(c["soft_pin_deadline_ns"]),
         "put_start_time_ms": put_start,
         "processing": _flag(fl, FLAG_PROCESSING),
-        "replica_count": np.sum(used, axis=1, dtype=np.int32,
-                                out=alloc("replica_count", (n,), np.dtype(np.int32))),
+        "replica_count": np.sum(used, axis=1, dtype=np.int32, out=alloc("replica_count", (n,), np.dtype(np.int32)))
+        if chains is None else np.bincount(chains[0], chains[2].sum(axis=1), minlength=n).astype(np.int32),
     })
 
     # replicas: one row per used slot, in object order
-    if used.all() and status.shape[1] == 1:  # one replica per object: every column is a view
+    src = None
+    if chains is not None:
+        k, slot = np.nonzero(chains[2])
+        r_idx, src = chains[0][k], chains[1][k]
+
+        def reps(name: str) -> np.ndarray:
+            return c[name][src, slot]
+        src_size = c["size_bytes"][src]  # a continuation row carries its object's size
+    elif used.all() and status.shape[1] == 1:  # one replica per object: every column is a view
         r_idx, slot = _iota(alloc("object_index", (n,), np.dtype(np.int64))), np.zeros(n, np.int64)
 
         def reps(name: str) -> np.ndarray:
@@ -227,7 +244,8 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
         seg = np.where((kind == KIND_MEMORY) & (seg >= 0), seg, owner)
         seg_names = seg_names + f.clients
     seg_code = seg
-    src = r_idx if live is None else live[r_idx]
+    if src is None:
+        src = r_idx if live is None else live[r_idx]
     readable = ok.readable_mask(src, slot.astype(np.int64, copy=False), c["replica_status"], c["replica_kind"],
                                 c["replica_segment"], f.segment_readable)
     replicas = layout_table(REPLICAS_PAYLOAD_SCHEMA, {
@@ -377,7 +395,9 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
         first = np.searchsorted(oi_sorted, oi_sorted, side="left")
         slot = np.empty_like(oi)
         slot[order] = np.arange(oi.size) - first
-    o.ensure_slots(int(slot.max()) + 1 if slot is not None and slot.size else 1)
+    counts = None if slot is None else np.bincount(oi, minlength=rows.size)
+    # the slot columns widen to the commonly used counts only; wider objects get continuation rows
+    o.ensure_slots(1 if counts is None else int(counts[counts <= o.hot_slots_max].max(initial=1)))
     if slot is None and fresh and oi.size == rows.size and o.slots == 1:
         target = (slice(0, oi.size), 0)  # object i's only replica fills row i's only slot
     else:
@@ -386,6 +406,8 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
                                ("replica_offset", 0), ("replica_id", 0)):
                 getattr(o, name)[:rows.size] = fill
         target = (rows[oi], 0 if slot is None else slot)
+        if slot is not None and int(slot.max(initial=0)) >= o.slots:
+            target = _chained_target(o, rows, oi, slot)
     from ..snapshots.state import name_codes
     codes, names = name_codes(replicas.column("segment"))
     lut = np.array([m.segments.code(s) for s in names] + [EMPTY_CODE], np.int32)
@@ -400,6 +422,18 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
     for name, column in (("replica_kind", "kind"), ("replica_status", "status"),
                          ("replica_offset", "offset"), ("replica_id", "replica_id")):
         getattr(o, name)[target] = replicas.column(column).to_numpy()
+
+
+def _chained_target(o, rows: np.ndarray, oi: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, slot) of each replica when some object has more than the row's slots: the others
+    go to new continuation rows of its chain, in rank order."""
+    target_rows, target_slots = rows[oi], slot.copy()
+    extra = np.flatnonzero(slot >= o.slots)
+    extra = extra[np.lexsort((slot[extra], oi[extra]))]
+    objects, counts = np.unique(oi[extra], return_counts=True)
+    at, at_slot = o.extra_slots(rows[objects], counts)
+    target_rows[extra], target_slots[extra] = at, at_slot
+    return target_rows, target_slots
 
 
 def _rebuild_allocators(m: "MasterService") -> None:

@@ -1,15 +1,20 @@
 """ObjectTable: one row per object (structure of arrays) plus fixed replica slots per row.
 
 Rows are allocated from a free-row stack (recycled) or by extending the high-water mark; columns
-grow by doubling. Replica slot columns have shape (capacity, R); R grows when an object needs
-more replicas than any before it.
+grow by doubling. Replica slot columns have shape (capacity, R): R grows with the replica counts
+puts commonly use (up to HOT_REPLICA_SLOTS); an object with more replicas than R keeps the rest
+in continuation rows linked by ``replica_more`` (see kernels/chains.py), so one wide object costs
+its own bytes, not rows x its width.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..schema import (EMPTY_CODE, FLAG_LIVE, NEVER_LEASED, NO_DEADLINE, OBJECT_COLUMNS,
-                      REPLICA_COLUMNS)
+from ..kernels import chains as ck
+from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, NO_DEADLINE,
+                      OBJECT_COLUMNS, REPLICA_COLUMNS)
 
 _OBJECT_FILL = {
     "lease_deadline_ns": NEVER_LEASED,
@@ -20,6 +25,26 @@ _OBJECT_FILL = {
     "inflight": EMPTY_CODE,
 }
 _REPLICA_FILL = {"replica_segment": EMPTY_CODE}
+_NO_CHAINS = np.empty(0, np.int32)
+
+
+@dataclass(frozen=True)
+class Chains:
+    """The rows holding the slots of some objects, object by object in chain order."""
+
+    owner: np.ndarray  # per chain row: index of its object in the objects given
+    rows: np.ndarray   # the rows (an object's own row first)
+    n: int             # number of objects
+
+    def any(self, mask: np.ndarray) -> np.ndarray:
+        """Per object: some slot of ``mask`` (a (len(rows), R) matrix) is set."""
+        return self.count(mask) > 0 if self.rows.size != self.n else mask.any(axis=1)
+
+    def count(self, mask: np.ndarray) -> np.ndarray:
+        per_row = mask.sum(axis=1)
+        if self.rows.size == self.n:
+            return per_row
+        return np.bincount(self.owner, weights=per_row, minlength=self.n).astype(np.int64)
 
 
 class ObjectTable:
@@ -27,6 +52,7 @@ class ObjectTable:
         capacity = max(16, int(capacity))
         self.capacity = capacity
         self.slots = max(1, int(replica_slots))
+        self.hot_slots_max = HOT_REPLICA_SLOTS   # widest the slot columns grow (tests lower it)
         for name, dt in OBJECT_COLUMNS.items():
             setattr(self, name, np.zeros(capacity, dt))
         for name, dt in REPLICA_COLUMNS.items():
@@ -35,6 +61,8 @@ class ObjectTable:
         self.free_rows = np.empty(0, np.int64)   # stack of recycled rows
         self.free_count = 0
         self.live_count = 0
+        self.replica_more = _NO_CHAINS           # per row: next row of its replica chain, -1; see chains.py
+        self.cont_count = 0                      # continuation rows in use
 
     # ---- growth ------------------------------------------------------------------------------
     def reserve(self, extra: int) -> None:
@@ -55,6 +83,8 @@ class ObjectTable:
             new = np.empty((cap, self.slots), dt)
             new[: self.high_water] = old[: self.high_water]
             setattr(self, name, new)
+        if self.replica_more.size:
+            self.replica_more = np.concatenate((self.replica_more, np.full(cap - self.capacity, -1, np.int32)))
         self.capacity = cap
 
     def ensure_slots(self, slots: int) -> None:
@@ -91,14 +121,29 @@ class ObjectTable:
         for name in REPLICA_COLUMNS:
             getattr(self, name)[rows] = _REPLICA_FILL.get(name, 0)
         self.group_next[rows] = rows
+        if self.replica_more.size:
+            self.replica_more[rows] = -1
 
     def release_rows(self, rows: np.ndarray) -> None:
-        """Return rows to the free stack; the caller already unlinked keys and replicas."""
+        """Return rows, with their continuation rows, to the free stack; the caller already
+        unlinked keys and cleared the replica slots."""
         rows = np.asarray(rows, np.int64)
         if rows.size == 0:
             return
         self.flags[rows] = 0
         self.inflight[rows] = EMPTY_CODE  # a free row holds no in-flight slot (the caller freed it)
+        self.live_count -= rows.size
+        if self.replica_more.size:
+            chains = self.chains(rows)
+            self.replica_more[chains.rows] = -1
+            if chains.rows.size > rows.size:
+                conts = chains.rows[chains.rows != rows[chains.owner]]
+                self.group_next[conts] = conts
+                self.cont_count -= conts.size
+                rows = np.concatenate((rows, conts))
+        self._push_free(rows)
+
+    def _push_free(self, rows: np.ndarray) -> None:
         need = self.free_count + rows.size
         if need > self.free_rows.size:
             grown = np.empty(max(need, 2 * self.free_rows.size, 64), np.int64)
@@ -106,7 +151,45 @@ class ObjectTable:
             self.free_rows = grown
         self.free_rows[self.free_count: need] = rows
         self.free_count = need
+
+    # ---- replica chains (kernels/chains.py) ----------------------------------------------------
+    def chains(self, rows: np.ndarray) -> Chains:
+        """The rows holding the slots of objects ``rows`` (just ``rows`` while no chain exists)."""
+        rows = np.asarray(rows, np.int64)
+        if not self.replica_more.size:
+            return Chains(np.arange(rows.size), rows, rows.size)
+        owner, chain = ck.expand(rows, self.replica_more)
+        return Chains(owner, chain, rows.size)
+
+    def owners(self, rows: np.ndarray) -> np.ndarray:
+        """The object row of each row (a continuation row names its object in group_next)."""
+        return np.where(self.flags[rows] & FLAG_LIVE, rows, self.group_next[rows])
+
+    def add_continuations(self, owners: np.ndarray) -> np.ndarray:
+        """One new, empty continuation row per entry of ``owners`` (object rows, repeats
+        allowed), each appended to its object's chain in order; returns the new rows."""
+        owners = np.asarray(owners, np.int64)
+        if owners.size == 0:
+            return owners
+        rows = self.take_rows(owners.size)
         self.live_count -= rows.size
+        self.cont_count += rows.size
+        if not self.replica_more.size:
+            self.replica_more = np.full(self.capacity, -1, np.int32)
+        self.group_next[rows] = owners
+        self.size_bytes[rows] = self.size_bytes[owners]
+        ck.link_continuations(owners, rows, self.replica_more)
+        return rows
+
+    def extra_slots(self, owners: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, slots) for ``counts[i]`` replicas beyond the own row of each (chainless)
+        object ``owners[i]``: new continuation rows filled slot by slot, in order."""
+        per = self.slots
+        n_rows = (counts + per - 1) // per
+        new = self.add_continuations(np.repeat(owners, n_rows))
+        first = np.repeat(np.cumsum(n_rows) - n_rows, counts)
+        rank = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        return new[first + rank // per], rank % per
 
     def live_rows(self) -> np.ndarray:
         hw = self.high_water
@@ -116,4 +199,5 @@ class ObjectTable:
         """Bytes of every column for the rows in use (what the process actually touches)."""
         per_row = sum(dt.itemsize for dt in OBJECT_COLUMNS.values())
         per_row += self.slots * sum(dt.itemsize for dt in REPLICA_COLUMNS.values())
+        per_row += self.replica_more.itemsize if self.replica_more.size else 0
         return per_row * self.high_water + self.free_rows.nbytes
