@@ -39,12 +39,22 @@ from mooncake_columnar.ha.stores import FileOpLogStore
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.messages import ReplicateConfig, SoftPinAction
 from mooncake_columnar.schema import ReplicaStatus
-from mooncake_columnar.snapshots.arrow_codec import DIGEST_FILE, PAYLOAD_FILES, digest_of
+from mooncake_columnar.snapshots.arrow_codec import (
+    DIGEST_FILE,
+    OBJECTS_FILE,
+    PAYLOAD_FILES,
+    REPLICAS_FILE,
+    SEGMENTS_FILE,
+    DigestPayload,
+    IpcPayload,
+    digest_of,
+)
 from mooncake_columnar.snapshots.complete import as_snapshot_error
 from mooncake_columnar.snapshots.manager import SnapshotManager, restore_master
-from mooncake_columnar.snapshots.manifest import MANIFEST_FILE, v2_manifest
+from mooncake_columnar.snapshots.manifest import MANIFEST_FILE, snapshot_id_for, v2_manifest
 from mooncake_columnar.snapshots.mooncake_v1 import METADATA_FILE
 from mooncake_columnar.snapshots.repository import SnapshotRepository
+from mooncake_columnar.snapshots.state import SnapshotState
 
 CFG = MasterConfig(default_kv_lease_ttl_ms=10_000, client_live_ttl_s=10)
 SEG_SIZE = 1 << 20
@@ -64,6 +74,18 @@ def _primary() -> tuple[MasterService, ManualClocks]:
         m.put_end(f"k{i}", client_id=WRITER)
     m.get_replica_list("k1")  # a live lease: now + 10 s
     return m, clocks
+
+
+def publish_unvalidated(repo: SnapshotRepository, state: SnapshotState, system_ns: int, steady_ns: int) -> str:
+    """Publish ``state`` as a v2 snapshot without the writer's validation, digest and manifest
+    checksum computed: a forger's well-formed candidate (other test modules import this)."""
+    sid = snapshot_id_for(system_ns)
+    state = state.encoded()
+    files = {OBJECTS_FILE: IpcPayload(state.objects, None, {}),
+             REPLICAS_FILE: IpcPayload(state.replicas, None, {_NEXT_ID_KEY: str(state.replica_next_id).encode()}),
+             SEGMENTS_FILE: IpcPayload(state.segments, None, {})}
+    repo.publish(sid, {**files, DIGEST_FILE: DigestPayload(files)}, v2_manifest(sid, system_ns, steady_ns).encode())
+    return sid
 
 
 def _two_snapshots(tmp_path: Path, *, write_v1: bool = False) -> tuple[SnapshotRepository, str, str, ManualClocks]:
