@@ -7,10 +7,10 @@ one batch delete of the keys it names plus one batch insert of their last PUT_EN
 is ever read from an entry: applied objects hold NEVER_LEASED / NO_DEADLINE (RFC Phase 1).
 
 Before a run mutates anything, its inserts are validated as the snapshot-shaped tables they
-become (``SnapshotState.validate``: every field in its domain, extents unit-aligned and not
-overlapping each other) and their extents are taken from the segments' free lists, which apply
-keeps exact on the standby (the engine's frees skip segments that take no allocations): an
-extent that overlaps one the standby already holds is refused, typed
+become (``SnapshotState.validate``: every field in its domain, extents inside their segments and
+unit-aligned) and their extents are taken from the segments' free lists, which apply keeps exact
+on the standby (the engine's frees skip segments that take no allocations): an extent that
+overlaps one the standby already holds, or another of the run, is refused, typed
 (:class:`~mooncake_columnar.errors.OpLogInvalidEntry`, naming the entry), and the standby is left
 as it was before the run.
 """
@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 from numba import njit
-from numba.typed import List
 
 from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, SnapshotFieldError
 from ..kernels import allocation as ak
@@ -175,14 +174,15 @@ def _check_puts(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.n
 def _validated_tables(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.ndarray,
                       reps: np.ndarray, counts: np.ndarray, seq0: int) -> tuple[pa.Table, pa.Table]:
     """The run's objects and replicas tables, validated as a snapshot state against the
-    standby's segments (extents inside them, on their units, not overlapping one another; ids
-    unique; sizes > 0...): a SnapshotFieldError becomes OpLogInvalidEntry naming the entry."""
+    standby's segments (extents inside them, on their units; ids unique; sizes > 0...): a
+    SnapshotFieldError becomes OpLogInvalidEntry naming the entry."""
     objects, replicas = _tables(run, puts, p, reps, counts)
     ids = run.replica_id[reps]
     next_id = max(m.next_replica_id, int(ids.max()) + 1 if ids.size else 1)
     try:
+        # overlaps are left to _take_extents, which carves every new extent out of free space
         SnapshotState(objects, replicas, _segments_table(m), next_id).validate(check_unique_keys=False,
-                                                                                check_overlaps=True)
+                                                                                check_overlaps=False)
     except SnapshotFieldError as e:
         obj = (None if e.row is None else e.row if e.table == "objects"
                else int(replicas.column("object_index")[e.row].as_py()) if e.table == "replicas" else None)
@@ -209,7 +209,7 @@ def _take_extents(m: "MasterService", erased: np.ndarray, run: OpLogColumns, rep
     the new memory extents (replicas ``reps`` of the run, checked already) taken: code ->
     (starts, lengths); nothing is changed here. Raises OpLogInvalidEntry naming the entry
     (``rep_seq``: each replica's sequence id) whose extent is not entirely free: it overlaps an
-    extent the standby holds."""
+    extent the standby holds or another one of the run."""
     o, s = m.objects, m.segments
     r_idx, slot = np.nonzero((o.replica_status[erased] != 0) & (o.replica_kind[erased] == KIND_MEMORY))
     old_rows = erased[r_idx]
@@ -222,28 +222,30 @@ def _take_extents(m: "MasterService", erased: np.ndarray, run: OpLogColumns, rep
     new_off = run.replica_offset[reps[memory]].astype(np.int64)
     new_size = run.replica_size[reps[memory]].astype(np.int64)
     touched = np.unique(np.concatenate((old_seg, new_seg)))
-    if not touched.size:
-        return {}
-    # scratch copies of the touched free lists, local codes 0..t-1
-    local = np.searchsorted(touched, old_seg)
-    counts = s.extent_counts[touched].copy()
-    starts = List([s.extent_starts[c][:n].copy() for c, n in zip(touched.tolist(), counts.tolist())])
-    lengths = List([s.extent_lengths[c][:n].copy() for c, n in zip(touched.tolist(), counts.tolist())])
-    used = s.used[touched].copy()
-    units, caps = s.unit_bits[touched], s.capacity[touched]
-    if ak.free_extent_list(local, old_off, old_size, starts, lengths, counts, used, units, caps):
-        raise EngineInvariantError("free_list", "an erased replica's extent is already free on the standby")
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    new_local = np.searchsorted(touched, new_seg)
-    order = np.lexsort((new_off, new_local))
-    for t, code in enumerate(touched.tolist()):  # one iteration per segment
-        sel = order[new_local[order] == t]
-        ends = ak.held_end(new_off[sel], new_size[sel], units[t], caps[t])
-        st, ln, k, bad = _carve(starts[t], lengths[t], int(counts[t]), new_off[sel], ends)
+    for code in touched.tolist():  # one iteration per segment
+        n, unit, cap = int(s.extent_counts[code]), s.unit_bits[code], s.capacity[code]
+        st, ln = s.extent_starts[code][:n], s.extent_lengths[code][:n]
+        freed = old_seg == code
+        if freed.any():  # the erased rows' held extents join the free list (coalesced)
+            ends = ak.held_end(old_off[freed], old_size[freed], unit, cap)
+            a, e = np.concatenate((st, old_off[freed])), np.concatenate((st + ln, ends))
+            order = np.argsort(a, kind="stable")
+            a, e = a[order], e[order]
+            if (a[1:] < e[:-1]).any():
+                raise EngineInvariantError("free_list", f"segment {s.info[code].name!r}: an erased replica's "
+                                                        "extent is already free on the standby")
+            first = np.concatenate(([True], a[1:] != e[:-1]))  # first extent of each coalesced run
+            st, ln = a[first], e[np.concatenate((first[1:], [True]))] - a[first]
+        taken = np.flatnonzero(new_seg == code)
+        taken = taken[np.argsort(new_off[taken], kind="stable")]
+        ends = ak.held_end(new_off[taken], new_size[taken], unit, cap)
+        st, ln, k, bad = _carve(np.ascontiguousarray(st), np.ascontiguousarray(ln), st.size, new_off[taken], ends)
         if bad >= 0:
-            raise OpLogInvalidEntry("replica_offset", f"PUT_END extent [{int(new_off[sel[bad]])}, {int(ends[bad])}) "
-                                    f"on segment {s.info[code].name!r} overlaps an extent the standby holds",
-                                    int(rep_seq[memory[sel[bad]]]))
+            raise OpLogInvalidEntry("replica_offset", f"PUT_END extent [{int(new_off[taken[bad]])}, {int(ends[bad])}) "
+                                    f"on segment {s.info[code].name!r} overlaps an extent the standby holds "
+                                    "or another one of this batch",
+                                    int(rep_seq[memory[taken[bad]]]))
         out[code] = (st[:k], ln[:k])
     return out
 
