@@ -18,6 +18,7 @@ from mooncake_columnar.clock import NS_PER_S, ManualClocks
 from mooncake_columnar.config import MasterConfig
 from mooncake_columnar.errors import (
     ManifestClockError,
+    NoUsableSnapshot,
     OpLogInvalidEntry,
     SnapshotDecodeError,
     SnapshotError,
@@ -285,6 +286,28 @@ def test_system_now_later_than_the_snapshot_id_is_refused(tmp_path: Path) -> Non
     (sid, error), = stats.rejections
     assert isinstance(error, ManifestClockError) and "system_now_ns" in str(error)
     r.verify()
+
+
+def test_the_deadline_cross_check_allows_what_the_restoring_config_grants(tmp_path: Path) -> None:
+    """A 3-day soft pin is genuine under a config allowing 7 days; restored with the default
+    config (1 day at most) it cannot be told from a steady time moved back, and is refused."""
+    week = MasterConfig(default_kv_lease_ttl_ms=10_000, client_live_ttl_s=10, max_kv_soft_pin_ttl_ms=7 * 86_400_000)
+    clocks = ManualClocks(steady_ns=1_000 * NS_PER_S, system_ns=1_796_000_000 * NS_PER_S)
+    m = MasterService(week, clocks=clocks)
+    m.mount_segment("seg_a", endpoint="seg_a:1", client_id="1-1", base=1 << 32, size=SEG_SIZE)
+    m.put_start("pinned", 100, client_id=WRITER, config=ReplicateConfig(
+        soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=3 * 86_400_000))
+    m.put_end("pinned", client_id=WRITER)
+    repo = SnapshotRepository(tmp_path / "snapshots")
+    sid = SnapshotManager(m, repo, prefault=False).snapshot_now()
+    new = ManualClocks(steady_ns=7 * NS_PER_S, system_ns=clocks.system_ns() + NS_PER_S)
+    r, stats = restore_master(repo, config=week, clocks=new, prefault=False)
+    assert stats.snapshot_id == sid and r.exist_key("pinned")
+    r.verify()
+    with pytest.raises(NoUsableSnapshot) as info:
+        restore_master(repo, clocks=new, prefault=False)
+    (_, error), = info.value.stats.rejections
+    assert isinstance(error, ManifestClockError) and "soft_pin_deadline_ns row 0" in str(error)
 
 
 # ---- v1 restore ------------------------------------------------------------------------------------
