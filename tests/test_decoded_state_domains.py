@@ -52,7 +52,11 @@ from mooncake_columnar.snapshots.arrow_codec import (
 )
 from mooncake_columnar.snapshots.complete import as_snapshot_error
 from mooncake_columnar.snapshots.manager import SnapshotManager, restore_master
-from mooncake_columnar.snapshots.manifest import MANIFEST_FILE, snapshot_id_for, v2_manifest
+from mooncake_columnar.snapshots.manifest import (
+    MANIFEST_FILE,
+    snapshot_id_for,
+    v2_manifest,
+)
 from mooncake_columnar.snapshots.mooncake_v1 import METADATA_FILE
 from mooncake_columnar.snapshots.repository import SnapshotRepository
 from mooncake_columnar.snapshots.state import SnapshotState
@@ -284,6 +288,7 @@ def test_system_now_later_than_the_snapshot_id_is_refused(tmp_path: Path) -> Non
     r, stats = _restore(repo, clocks)
     assert stats.snapshot_id == older
     (sid, error), = stats.rejections
+    assert sid == newer
     assert isinstance(error, ManifestClockError) and "system_now_ns" in str(error)
     r.verify()
 
@@ -465,7 +470,7 @@ def test_standby_service_fails_closed_on_a_forged_entry(tmp_path: Path) -> None:
 
 
 def test_every_validated_state_loads_into_an_engine_that_passes_its_self_check(tmp_path: Path) -> None:
-    repo, older, newer, clocks = _two_snapshots(tmp_path)
+    repo, _, newer, clocks = _two_snapshots(tmp_path)
     r, stats = _restore(repo, clocks)
     assert stats.snapshot_id == newer and not stats.rejections
     r.verify()

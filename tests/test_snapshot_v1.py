@@ -14,7 +14,12 @@ import pytest
 import zstandard
 
 from mooncake_columnar.clock import NS_PER_MS, NS_PER_S, ManualClocks
-from mooncake_columnar.errors import SerializeFail, SnapshotError, SnapshotFieldError, SnapshotPayloadError
+from mooncake_columnar.errors import (
+    SerializeFail,
+    SnapshotError,
+    SnapshotFieldError,
+    SnapshotPayloadError,
+)
 from mooncake_columnar.schema import NO_DEADLINE, ReplicaKind
 from mooncake_columnar.snapshots.complete import restore_latest
 from mooncake_columnar.snapshots.manifest import parse_manifest

@@ -23,12 +23,27 @@ import pyarrow.compute as pc
 
 from ..clock import NS_PER_MS, Clocks
 from ..config import MasterConfig
-from ..errors import (ClockConversionError, ManifestClockError, ManifestError, MooncakeError, NoUsableSnapshot,
-                      SnapshotDecodeError, SnapshotError, SnapshotFieldError, SnapshotIntegrityError)
+from ..errors import (
+    ClockConversionError,
+    ManifestClockError,
+    ManifestError,
+    MooncakeError,
+    NoUsableSnapshot,
+    SnapshotDecodeError,
+    SnapshotError,
+    SnapshotFieldError,
+    SnapshotIntegrityError,
+)
 from ..schema import ST_COMPLETE
 from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, state_payloads
 from .convert import convert_steady_deadlines
-from .manifest import SnapshotManifest, check_clock_pair, parse_manifest, snapshot_id_for, v2_manifest
+from .manifest import (
+    SnapshotManifest,
+    check_clock_pair,
+    parse_manifest,
+    snapshot_id_for,
+    v2_manifest,
+)
 from .mooncake_v1 import V1_FILES, decode_v1
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage

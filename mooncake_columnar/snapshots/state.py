@@ -22,7 +22,12 @@ import pyarrow.compute as pc
 from numba import njit
 
 from ..clock import INT64_MAX, NS_PER_MS
-from ..errors import SnapshotExtentError, SnapshotFieldError, SnapshotIntegrityError, SnapshotSchemaError
+from ..errors import (
+    SnapshotExtentError,
+    SnapshotFieldError,
+    SnapshotIntegrityError,
+    SnapshotSchemaError,
+)
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..schema import (
     KIND_MEMORY,
