@@ -314,8 +314,8 @@ class NoUsableStandbySnapshot(StandbySnapshotError):
         super().__init__(message)
 
 
-class SnapshotFieldError(SnapshotPayloadError):
-    """A decoded payload field is malformed, of the wrong type or outside its domain (v1 msgpack);
+class SnapshotPayloadFieldError(SnapshotPayloadError):
+    """A payload field is malformed, of the wrong type or outside its domain (v1 msgpack);
     ``file`` names the payload (and shard), ``field`` the field."""
 
     def __init__(self, file: str, field: str, message: str):
@@ -324,6 +324,45 @@ class SnapshotFieldError(SnapshotPayloadError):
         super().__init__(f"{file}: {field}: {message}")
 
 
-class SnapshotDecompressionLimit(SnapshotFieldError):
+class SnapshotDecompressionLimit(SnapshotPayloadFieldError):
     """A zstd frame, or a payload's frames together, would decompress past the cap (a multiple of
     the stored size, or the configured maximum); refused before the output is allocated."""
+
+
+# --- decoded-state domains (snapshots/state.py, ha/apply.py) ----------------------------------
+
+
+class SnapshotFieldError(SnapshotIntegrityError):
+    """A decoded value is outside its field's domain (a size past its segment, an id at or past
+    2**63, an offset off its allocation unit...); ``table``, ``field`` and ``row`` name it (``row``
+    None: the table or the state as a whole)."""
+
+    def __init__(self, table: str, field: str, row: int | None, message: str):
+        self.table, self.field, self.row = table, field, row
+        where = f"{table}.{field}" + (f" row {row}" if row is not None else "")
+        super().__init__(f"{where}: {message}")
+
+
+class SnapshotExtentError(SnapshotFieldError):
+    """Memory extents overlap each other (or, applying oplog entries, an extent the engine
+    already holds), or one is empty."""
+
+
+class ManifestClockError(ManifestError):
+    """The manifest's clock pair contradicts the snapshot: its system time is later than the
+    snapshot id's, or a lease or soft-pin deadline lies further past its steady time than any
+    TTL the master grants."""
+
+
+class SnapshotDecodeError(SnapshotPayloadError):
+    """An untyped error (Arrow, Unicode, ValueError...) escaped while decoding or rebuilding
+    a candidate; mapped at the restore boundary, the original is the ``__cause__``."""
+
+
+class OpLogInvalidEntry(OpLogCorrupt):
+    """An oplog entry decodes but cannot be applied (a value outside its domain, an extent that
+    overlaps one the standby holds); ``sequence_id`` names it (None: not attributable)."""
+
+    def __init__(self, field: str, message: str, sequence_id: int | None = None):
+        self.sequence_id = sequence_id
+        super().__init__(field, f"entry {sequence_id}: {message}" if sequence_id is not None else message)

@@ -26,9 +26,11 @@ from mooncake_columnar.snapshots.state import SnapshotState
 from mooncake_columnar.store.segments import Segment, SegmentTable
 
 try:
+    from test_decoded_state_domains import publish_unvalidated
     from test_offset_allocator_v1 import v1_allocators
     from test_snapshot_codec import make_state
 except ImportError:  # tests collected as a package
+    from tests.test_decoded_state_domains import publish_unvalidated
     from tests.test_offset_allocator_v1 import v1_allocators
     from tests.test_snapshot_codec import make_state
 
@@ -289,25 +291,28 @@ def _shared_unit_state(second_offset: int) -> SnapshotState:
 
 
 S0, C0 = 1_796_000_000 * NS_PER_S, 1_000 * NS_PER_S
+# an extent starting inside an 8-byte unit shares it with the one before: the state validation says so
+_OFF_UNIT = "replicas.offset row 1: 1001: not a multiple of its segment's allocation unit"
 
 
 def test_a_v2_candidate_whose_extents_share_a_unit_is_rejected_for_an_older_one(tmp_path: Path) -> None:
     repo = SnapshotRepository(tmp_path)
     good = write_snapshot(repo, _shared_unit_state(1008), S0, C0)
-    bad = write_snapshot(repo, _shared_unit_state(1001), S0 + NS_PER_S, C0 + NS_PER_S)
+    # the writer refuses that state: published past it, as a forger would
+    bad = publish_unvalidated(repo, _shared_unit_state(1001), S0 + NS_PER_S, C0 + NS_PER_S)
     clocks = ManualClocks(steady_ns=7 * NS_PER_S, system_ns=S0 + 2 * NS_PER_S)
     r, stats = restore_master(repo, config=CFG, clocks=clocks)
     assert stats.snapshot_id == good and stats.fallbacks == 1
-    assert stats.failures[0][0] == bad and "share an allocation unit of 8 bytes" in stats.failures[0][1]
+    assert stats.failures[0][0] == bad and _OFF_UNIT in stats.failures[0][1]
     assert r.object_count() == 2 and _free_list(r) == [(2008, BIG - 2008)]
 
 
 def test_a_lone_v2_candidate_whose_extents_share_a_unit_leaves_no_usable_snapshot(tmp_path: Path) -> None:
     repo = SnapshotRepository(tmp_path)
-    write_snapshot(repo, _shared_unit_state(1001), S0, C0)
+    publish_unvalidated(repo, _shared_unit_state(1001), S0, C0)
     with pytest.raises(NoUsableSnapshot) as e:
         restore_master(repo, config=CFG, clocks=ManualClocks(steady_ns=7 * NS_PER_S, system_ns=S0 + NS_PER_S))
-    assert "share an allocation unit of 8 bytes" in e.value.stats.failures[0][1]
+    assert _OFF_UNIT in e.value.stats.failures[0][1]
 
 
 def test_v1_rollback_of_odd_sizes_on_a_big_segment_succeeds_and_restores(tmp_path: Path) -> None:

@@ -17,9 +17,13 @@ from mooncake_columnar.cli import main
 from mooncake_columnar.errors import EngineInvariantError
 from mooncake_columnar.kernels import hashing as hk
 from mooncake_columnar.schema import ReplicaStatus
-from mooncake_columnar.snapshots.complete import write_snapshot
 from mooncake_columnar.snapshots.manager import SnapshotManager, restore_master
 from mooncake_columnar.snapshots.repository import SnapshotRepository
+
+try:
+    from test_decoded_state_domains import publish_unvalidated
+except ImportError:  # tests collected as a package
+    from tests.test_decoded_state_domains import publish_unvalidated
 
 MB = 1 << 20
 W = "writer"
@@ -313,18 +317,18 @@ def _snapshot_master(clocks: ManualClocks) -> MasterService:
 
 
 def _forge_duplicate_replica_ids(repo: SnapshotRepository, m: MasterService, clocks: ManualClocks) -> str:
-    """A newer snapshot that decodes and loads (state validation does not look at id uniqueness)
-    but whose engine has one replica id twice."""
+    """A newer, well-formed snapshot (published past the writer's validation) with one replica id
+    twice: the state validation refuses it before an engine is built."""
     state = m.export_state()
     ids = state.replicas.column("replica_id").to_numpy().copy()
     ids[1] = ids[0]
     col = state.replicas.schema.get_field_index("replica_id")
     replicas = state.replicas.set_column(col, state.replicas.schema.field(col), pa.array(ids, pa.uint64()))
     forged = dataclasses.replace(state, replicas=replicas)
-    return write_snapshot(repo, forged, clocks.system_ns() + 5_000_000_000, clocks.steady_ns())
+    return publish_unvalidated(repo, forged, clocks.system_ns() + 5_000_000_000, clocks.steady_ns())
 
 
-def test_verify_restore_rejects_a_candidate_that_fails_the_self_check(tmp_path: Path) -> None:
+def test_verify_restore_rejects_a_candidate_with_duplicate_replica_ids(tmp_path: Path) -> None:
     clocks = ManualClocks()
     m = _snapshot_master(clocks)
     repo = SnapshotRepository(tmp_path)
@@ -333,8 +337,8 @@ def test_verify_restore_rejects_a_candidate_that_fails_the_self_check(tmp_path: 
     assert repo.candidates()[0] == bad
     restored, stats = restore_master(repo, clocks=ManualClocks(system_ns=clocks.system_ns() + 10**10))
     assert stats.snapshot_id == good and stats.fallbacks == 1
-    assert stats.failures[0][0] == bad and "EngineInvariantError" in stats.failures[0][1]
-    assert "replica_id_unique" in stats.failures[0][1]
+    assert stats.failures[0][0] == bad and "SnapshotFieldError" in stats.failures[0][1]
+    assert "replicas.replica_id row 1" in stats.failures[0][1] and "used twice" in stats.failures[0][1]
     assert restored.object_count() == 20
     restored.verify()
 
@@ -357,10 +361,10 @@ def test_verify_cli_restores_and_checks_the_latest_snapshot(tmp_path: Path, caps
 
     bad = _forge_duplicate_replica_ids(SnapshotRepository(tmp_path), m, clocks)
     code, out = _cli(capsys, str(tmp_path))  # the latest is judged: no fallback
-    assert code == 1 and bad in out and "FAILED replica_id_unique" in out
+    assert code == 1 and bad in out and "FAILED restore" in out and "used twice" in out
     code, out = _cli(capsys, str(tmp_path), "--json")
     result = json.loads(out)
-    assert code == 1 and not result["ok"] and result["check"] == "replica_id_unique"
+    assert code == 1 and not result["ok"] and result["check"] == "restore"
     code, out = _cli(capsys, str(tmp_path), "--snapshot", good)
     assert code == 0 and "ok" in out
 

@@ -654,7 +654,8 @@ def test_phase3_snapshot_to_s3_and_restore(s3_uri: str) -> None:
 # ---- property: random tables, downtime and skew ------------------------------------------------
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(remaining_ms=st.lists(st.integers(-10**7, 10**7), min_size=1, max_size=12),
-       soft_ms=st.lists(st.one_of(st.none(), st.integers(-10**7, 10**8)), min_size=12, max_size=12),
+       # soft pins up to max_kv_soft_pin_ttl_ms (a day): a longer one rejects the candidate
+       soft_ms=st.lists(st.one_of(st.none(), st.integers(-10**7, 86_400_000)), min_size=12, max_size=12),
        hard=st.lists(st.booleans(), min_size=12, max_size=12),
        downtime_ms=st.integers(0, 10**7), skew_ms=st.integers(-10**7, 10**7),
        new_epoch_s=st.integers(0, 10**9))

@@ -14,7 +14,12 @@ import pytest
 import zstandard
 
 from mooncake_columnar.clock import NS_PER_MS, NS_PER_S, ManualClocks
-from mooncake_columnar.errors import SerializeFail, SnapshotError, SnapshotPayloadError
+from mooncake_columnar.errors import (
+    SerializeFail,
+    SnapshotError,
+    SnapshotFieldError,
+    SnapshotPayloadError,
+)
 from mooncake_columnar.schema import NO_DEADLINE, ReplicaKind
 from mooncake_columnar.snapshots.complete import restore_latest
 from mooncake_columnar.snapshots.manifest import parse_manifest
@@ -263,14 +268,17 @@ def test_write_v1_rejects_non_uuid_clients(tmp_path: Path) -> None:
 
 def test_write_v1_refuses_extents_sharing_an_upstream_allocation_unit(tmp_path: Path) -> None:
     """In a 16 GiB segment upstream's allocator counts 8-byte units; byte-packed extents that
-    share one have no upstream representation, so the rollback write fails and publishes nothing."""
+    share one have no upstream representation (nor an engine one: the state's validation rejects
+    the extent off its unit), so the rollback write fails and publishes nothing."""
     state = make_state(2, segments=("seg_a",))
-    reps = state.replicas
+    reps, objs = state.replicas, state.objects
     for name, values in (("offset", [0, 1001]), ("size", [1001, 1000])):
         i = reps.schema.get_field_index(name)
         reps = reps.set_column(i, reps.schema.field(name), pa.array(values, pa.int64()))
-    with pytest.raises(SerializeFail, match="allocation unit 8 bytes"):
-        write_v1(SnapshotRepository(tmp_path), dataclasses.replace(state, replicas=reps), 0, 0)
+    objs = objs.set_column(objs.schema.get_field_index("size_bytes"), objs.schema.field("size_bytes"),
+                           pa.array([1001, 1000], pa.int64()))
+    with pytest.raises(SnapshotFieldError, match="replicas.offset row 1: .*allocation unit"):
+        write_v1(SnapshotRepository(tmp_path), dataclasses.replace(state, objects=objs, replicas=reps), 0, 0)
     assert SnapshotRepository(tmp_path).list() == []
 
 

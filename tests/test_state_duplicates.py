@@ -6,7 +6,7 @@ import pytest
 
 from conftest import make_master
 from mooncake_columnar import MasterService
-from mooncake_columnar.errors import SnapshotIntegrityError
+from mooncake_columnar.errors import SnapshotExtentError, SnapshotIntegrityError
 from mooncake_columnar.snapshots.state import SnapshotState
 
 
@@ -30,6 +30,6 @@ def test_from_state_rejects_overlapping_extents(clocks):
     s = m.export_state()
     reps = s.replicas.set_column(s.replicas.schema.get_field_index("offset"), s.replicas.schema.field("offset"),
                                  pa.array([0, 4], pa.int64()))
-    with pytest.raises(ValueError, match="overlap"):
+    with pytest.raises(SnapshotExtentError, match="replicas.offset: segment 'seg0'.*overlap"):
         MasterService.from_state(SnapshotState(s.objects, reps, s.segments, s.replica_next_id),
                                  config=m.config, clocks=clocks)

@@ -27,7 +27,7 @@ from mooncake_columnar.errors import (
     MooncakeError,
     SnapshotDecompressionLimit,
     SnapshotError,
-    SnapshotFieldError,
+    SnapshotPayloadFieldError,
 )
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.snapshots.mooncake_v1 import (
@@ -167,7 +167,7 @@ def test_zstd_bomb_is_refused_with_little_memory(where: str) -> None:
 
 def test_worst_msgpack_inside_the_ratio_cap_stays_under_300_mb() -> None:
     got = _run_child("bomb", "shard_within_ratio")
-    assert got["error"] == f"{SnapshotFieldError.__module__}.SnapshotFieldError", got  # decoded
+    assert got["error"] == f"{SnapshotPayloadFieldError.__module__}.SnapshotPayloadFieldError", got  # decoded
     assert got["stored"] < 100_000 and got["rise"] < 300 * MB, got
 
 
@@ -201,7 +201,7 @@ def test_duplicate_shard_key_rejects_the_whole_candidate() -> None:
     # the second shard's key flipped into the first's: a dict would keep one of the two
     pairs = [(keys[0] if i == 1 else k, top["shards"][k]) for i, k in enumerate(keys)]
     payloads[METADATA_FILE] = _metadata_with_shards(top, pairs)
-    with pytest.raises(SnapshotFieldError,
+    with pytest.raises(SnapshotPayloadFieldError,
                        match=f"metadata: msgpack map: map key {keys[0]} appears"):
         _decode(payloads)
 
@@ -214,7 +214,7 @@ def test_duplicate_key_in_a_nested_map_rejects_the_candidate() -> None:
     ms_raw = _raw_map([*ms, ms[0]])  # a mounted segment listed twice under one UUID
     raw = raw.replace(msgpack.packb("ms") + b"\xc0", msgpack.packb("ms") + ms_raw)
     payloads[SEGMENTS_FILE] = zstandard.ZstdCompressor().compress(raw)
-    with pytest.raises(SnapshotFieldError, match="segments: msgpack map: map key .* appears"):
+    with pytest.raises(SnapshotPayloadFieldError, match="segments: msgpack map: map key .* appears"):
         _decode(payloads)
 
 
@@ -241,7 +241,7 @@ def test_key_in_the_wrong_shard_rejects_the_candidate() -> None:
     shard_b["metadata"].append(moved)
     top["shards"][a], top["shards"][b] = _zstd(shard_a), _zstd(shard_b)
     payloads[METADATA_FILE] = msgpack.packb(top)
-    with pytest.raises(SnapshotFieldError, match=f"metadata shard {b}: key: '{moved[1]}' belongs "
+    with pytest.raises(SnapshotPayloadFieldError, match=f"metadata shard {b}: key: '{moved[1]}' belongs "
                                                  f"in shard {a}"):
         _decode(payloads)
 
@@ -312,7 +312,7 @@ def test_decode_failures_are_typed_and_named(damage: str, file: str, field: str)
         _forge_first_object(payloads, lambda item: item[2][8].__setitem__(1, 1 << 40))
     with pytest.raises(SnapshotError) as info:
         _decode(payloads)
-    assert isinstance(info.value, SnapshotFieldError), info.value
+    assert isinstance(info.value, SnapshotPayloadFieldError), info.value
     assert info.value.file.startswith(file) and field in str(info.value), info.value
 
 

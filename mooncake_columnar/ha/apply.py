@@ -5,6 +5,14 @@ each maximal run of object entries between them vectorized. Within a run only th
 (tenant, key) matters (PUT_END carries the whole descriptor, REMOVE deletes), so the run becomes
 one batch delete of the keys it names plus one batch insert of their last PUT_ENDs. No deadline
 is ever read from an entry: applied objects hold NEVER_LEASED / NO_DEADLINE (RFC Phase 1).
+
+Before a run mutates anything, its inserts are validated as the snapshot-shaped tables they
+become (``SnapshotState.validate``: every field in its domain, extents inside their segments and
+unit-aligned) and their extents are taken from the segments' free lists, which apply keeps exact
+on the standby (the engine's frees skip segments that take no allocations): an extent that
+overlaps one the standby already holds, or another of the run, is refused, typed
+(:class:`~mooncake_columnar.errors.OpLogInvalidEntry`, naming the entry), and the standby is left
+as it was before the run.
 """
 from __future__ import annotations
 
@@ -14,8 +22,11 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from ..errors import OpLogError
-from ..schema import KIND_MEMORY, NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA
+from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, SnapshotFieldError
+from ..kernels import allocation as ak
+from ..schema import (KIND_MEMORY, NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA,
+                      SEGMENTS_ARROW_SCHEMA, ST_COMPLETE)
+from ..snapshots.state import SnapshotState
 from ..store.arrow_io import append_objects
 from ..store.keys import string_buffers
 from ..store.segments import Segment
@@ -28,23 +39,26 @@ if TYPE_CHECKING:
 # do because replicas are kept as offsets inside the segment.
 STANDBY_SEGMENT_BASE = 1
 _PUT_END = np.uint8(OpType.PUT_END)
-_I64_MAX = np.uint64(2**63 - 1)
+_I64_MAX = 2**63 - 1
 
 
 def apply_batch(m: "MasterService", batch: OpLogBatch) -> None:
     """Apply ``batch`` in order. Raises OpLogError (fail closed) on an entry that cannot be
     applied, e.g. a replica on a segment the standby never saw mounted."""
-    cols = batch.columns
+    cols, first = batch.columns, batch.first_sequence_id
     start = 0
     for payload, row in zip(cols.segments, cols.segment_rows.tolist()):
-        _apply_objects(m, cols.slice(start, row))
-        _apply_segment(m, batch.first_sequence_id + row, OpType(int(cols.op[row])), payload)
+        _apply_objects(m, cols.slice(start, row), first + start)
+        _apply_segment(m, first + row, OpType(int(cols.op[row])), payload)
         start = row + 1
-    _apply_objects(m, cols.slice(start, len(cols)))
+    _apply_objects(m, cols.slice(start, len(cols)), first + start)
 
 
 def _apply_segment(m: "MasterService", seq: int, op: OpType, p: SegmentPayload) -> None:
     if op == OpType.SEGMENT_MOUNT:
+        if not 1 <= p.capacity <= _I64_MAX - STANDBY_SEGMENT_BASE:  # base + size within int64
+            raise OpLogInvalidEntry("capacity", f"SEGMENT_MOUNT {p.name!r} capacity {p.capacity} is outside "
+                                    f"[1, 2**63 - 1 - {STANDBY_SEGMENT_BASE}]", seq)
         existing = m.segments.get(p.name)
         if existing is not None:
             if (existing.endpoint, existing.size, existing.client) != (p.endpoint, p.capacity, p.client):
@@ -92,9 +106,10 @@ def _last_of_each_key(tenants: np.ndarray, offsets: np.ndarray, data: np.ndarray
     return last
 
 
-def _apply_objects(m: "MasterService", run: OpLogColumns) -> None:
-    """One run of PUT_END / REMOVE rows: validate, delete every key it names, insert the last
-    PUT_END of each key. Nothing is mutated when validation fails."""
+def _apply_objects(m: "MasterService", run: OpLogColumns, seq0: int) -> None:
+    """One run of PUT_END / REMOVE rows (row i is sequence id ``seq0 + i``): validate, delete
+    every key it names, insert the last PUT_END of each key. Nothing is mutated when validation
+    fails."""
     if len(run) == 0:
         return
     last = _last_of_each_key(run.tenant, run.key_offsets, run.key_bytes)
@@ -106,7 +121,9 @@ def _apply_objects(m: "MasterService", run: OpLogColumns) -> None:
     p = run.put_prefix[puts]  # their index into the PUT_END columns
     starts, counts = run.replica_starts[p], run.replica_count[p].astype(np.int64)
     reps = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-    _check_puts(m, run, p, reps)
+    rep_put = np.repeat(np.arange(puts.size), counts)  # each replica's index into puts
+    _check_puts(m, run, puts, p, reps, rep_put, seq0)
+    tables = _validated_tables(m, run, puts, p, reps, counts, seq0) if puts.size else None
 
     keys = run.keys
     tenants = engine_tenant[run.tenant]
@@ -115,27 +132,163 @@ def _apply_objects(m: "MasterService", run: OpLogColumns) -> None:
         keys, tenants = keys.take(pa.array(named)), tenants[named]
     offsets, data = string_buffers(keys)
     found = m.keys.lookup_batch(offsets, data, tenants)
-    m._erase_rows(found[found >= 0])
-    if puts.size:
-        append_objects(m, *_tables(run, puts, p, reps, counts))
+    erased = found[found >= 0]
+    free_lists = _take_extents(m, erased, run, reps, puts[rep_put] + seq0)
+    m._erase_rows(erased)  # from here on nothing raises: every check above passed
+    for code, (st, ln) in free_lists.items():
+        m.segments.install_allocator(code, st, ln, int(m.segments.capacity[code]) - int(ln.sum()))
+    if tables is not None:
+        append_objects(m, *tables)
         ids = run.replica_id[reps]
         if ids.size:
             m.next_replica_id = max(m.next_replica_id, int(ids.max()) + 1)
 
 
-def _check_puts(m: "MasterService", run: OpLogColumns, p: np.ndarray, reps: np.ndarray) -> None:
-    """What the engine cannot hold: sizes and offsets past int64, memory replicas on segments
-    this standby never saw mounted."""
-    for name, values in (("size", run.size[p]), ("replica_size", run.replica_size[reps]),
-                         ("replica_offset", run.replica_offset[reps])):
-        if values.size and values.max() > _I64_MAX:
-            raise OpLogError(f"PUT_END {name} {int(values.max())} does not fit the engine's int64")
-    memory = reps[run.replica_kind[reps] == KIND_MEMORY]
-    codes = np.unique(run.replica_segment[memory])
+def _check_puts(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.ndarray, reps: np.ndarray,
+                rep_put: np.ndarray, seq0: int) -> None:
+    """What the engine cannot hold: sizes, offsets and ids past int64 (an id must leave room for
+    the next one), replicas that are not COMPLETE (a put is journaled when it ends), memory
+    replicas on segments this standby never saw mounted."""
+    for name, values, limit, rows in (("size", run.size[p], _I64_MAX, puts),
+                                      ("replica_size", run.replica_size[reps], _I64_MAX, puts[rep_put]),
+                                      ("replica_offset", run.replica_offset[reps], _I64_MAX, puts[rep_put]),
+                                      ("replica_id", run.replica_id[reps], _I64_MAX - 1, puts[rep_put])):
+        if values.size and int(values.max()) > limit:
+            i = int(np.argmax(values > np.uint64(limit)))
+            raise OpLogInvalidEntry(name, f"PUT_END {name} {int(values[i])} is above {limit} (int64)",
+                                    seq0 + int(rows[i]))
+    incomplete = run.replica_status[reps] != ST_COMPLETE
+    if incomplete.any():
+        i = int(np.argmax(incomplete))
+        raise OpLogInvalidEntry("replica_status", f"PUT_END replica status {int(run.replica_status[reps[i]])} "
+                                "is not COMPLETE", seq0 + int(puts[rep_put[i]]))
+    memory = np.flatnonzero(run.replica_kind[reps] == KIND_MEMORY)
+    codes = np.unique(run.replica_segment[reps[memory]])
     for code, name in zip(codes.tolist(), run.strings.take(pa.array(codes)).to_pylist()):  # per distinct segment
         if m.segments.code(name) < 0:
-            rid = run.replica_id[memory[run.replica_segment[memory] == code][0]]
-            raise OpLogError(f"PUT_END replica {int(rid)} is on unknown segment {name!r}")
+            i = int(memory[np.argmax(run.replica_segment[reps[memory]] == code)])
+            raise OpLogInvalidEntry("replica_segment", f"PUT_END replica {int(run.replica_id[reps[i]])} is on "
+                                    f"unknown segment {name!r}", seq0 + int(puts[rep_put[i]]))
+
+
+def _validated_tables(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.ndarray,
+                      reps: np.ndarray, counts: np.ndarray, seq0: int) -> tuple[pa.Table, pa.Table]:
+    """The run's objects and replicas tables, validated as a snapshot state against the
+    standby's segments (extents inside them, on their units; ids unique; sizes > 0...): a
+    SnapshotFieldError becomes OpLogInvalidEntry naming the entry."""
+    objects, replicas = _tables(run, puts, p, reps, counts)
+    ids = run.replica_id[reps]
+    next_id = max(m.next_replica_id, int(ids.max()) + 1 if ids.size else 1)
+    try:
+        # overlaps are left to _take_extents, which carves every new extent out of free space
+        SnapshotState(objects, replicas, _segments_table(m), next_id).validate(check_unique_keys=False,
+                                                                                check_overlaps=False)
+    except SnapshotFieldError as e:
+        obj = (None if e.row is None else e.row if e.table == "objects"
+               else int(replicas.column("object_index")[e.row].as_py()) if e.table == "replicas" else None)
+        raise OpLogInvalidEntry(e.field, f"PUT_END: {e}", None if obj is None else seq0 + int(puts[obj])) from e
+    return objects, replicas
+
+
+def _segments_table(m: "MasterService") -> pa.Table:
+    """The mounted segments as a snapshot segments table (few rows)."""
+    s = m.segments
+    mounted = [(c, info) for c, info in enumerate(s.info) if info is not None]
+    return pa.table({
+        "name": [i.name for _, i in mounted], "endpoint": [i.endpoint for _, i in mounted],
+        "client": [i.client for _, i in mounted], "base": pa.array([i.base for _, i in mounted], pa.uint64()),
+        "size": pa.array([i.size for _, i in mounted], pa.int64()),
+        "used": pa.array([int(s.used[c]) for c, _ in mounted], pa.int64()),
+        "readable": pa.array([bool(s.readable[c]) for c, _ in mounted], pa.bool_()),
+    }, schema=SEGMENTS_ARROW_SCHEMA)
+
+
+def _take_extents(m: "MasterService", erased: np.ndarray, run: OpLogColumns, reps: np.ndarray,
+                  rep_seq: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The free list of every segment the run touches once the erased rows' extents are freed and
+    the new memory extents (replicas ``reps`` of the run, checked already) taken: code ->
+    (starts, lengths); nothing is changed here. Raises OpLogInvalidEntry naming the entry
+    (``rep_seq``: each replica's sequence id) whose extent is not entirely free: it overlaps an
+    extent the standby holds or another one of the run."""
+    o, s = m.objects, m.segments
+    r_idx, slot = np.nonzero((o.replica_status[erased] != 0) & (o.replica_kind[erased] == KIND_MEMORY))
+    old_rows = erased[r_idx]
+    old_seg = o.replica_segment[old_rows, slot].astype(np.int64)
+    old_off, old_size = o.replica_offset[old_rows, slot], o.size_bytes[old_rows]
+    memory = np.flatnonzero(run.replica_kind[reps] == KIND_MEMORY)
+    names, inverse = np.unique(run.replica_segment[reps[memory]], return_inverse=True)
+    codes = np.array([s.code(n) for n in run.strings.take(pa.array(names)).to_pylist()], np.int64)  # per segment
+    new_seg = codes[inverse] if memory.size else np.zeros(0, np.int64)
+    new_off = run.replica_offset[reps[memory]].astype(np.int64)
+    new_size = run.replica_size[reps[memory]].astype(np.int64)
+    touched = np.unique(np.concatenate((old_seg, new_seg)))
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for code in touched.tolist():  # one iteration per segment
+        n, unit, cap = int(s.extent_counts[code]), s.unit_bits[code], s.capacity[code]
+        st, ln = s.extent_starts[code][:n], s.extent_lengths[code][:n]
+        freed = old_seg == code
+        if freed.any():  # the erased rows' held extents join the free list (coalesced)
+            ends = ak.held_end(old_off[freed], old_size[freed], unit, cap)
+            a, e = np.concatenate((st, old_off[freed])), np.concatenate((st + ln, ends))
+            order = np.argsort(a, kind="stable")
+            a, e = a[order], e[order]
+            if (a[1:] < e[:-1]).any():
+                raise EngineInvariantError("free_list", f"segment {s.info[code].name!r}: an erased replica's "
+                                                        "extent is already free on the standby")
+            first = np.concatenate(([True], a[1:] != e[:-1]))  # first extent of each coalesced run
+            st, ln = a[first], e[np.concatenate((first[1:], [True]))] - a[first]
+        taken = np.flatnonzero(new_seg == code)
+        taken = taken[np.argsort(new_off[taken], kind="stable")]
+        ends = ak.held_end(new_off[taken], new_size[taken], unit, cap)
+        st, ln, k, bad = _carve(np.ascontiguousarray(st), np.ascontiguousarray(ln), st.size, new_off[taken], ends)
+        if bad >= 0:
+            raise OpLogInvalidEntry("replica_offset", f"PUT_END extent [{int(new_off[taken[bad]])}, {int(ends[bad])}) "
+                                    f"on segment {s.info[code].name!r} overlaps an extent the standby holds "
+                                    "or another one of this batch",
+                                    int(rep_seq[memory[taken[bad]]]))
+        out[code] = (st[:k], ln[:k])
+    return out
+
+
+@njit(cache=True)
+def _carve(st, ln, n, offs, ends):
+    """Free extents [st, st + ln)[:n] (sorted, disjoint) minus the extents [offs, ends) (sorted by
+    offset): (starts, lengths, count, -1), or (..., j) when extent j is not entirely free."""
+    m = offs.shape[0]
+    out_st = np.empty(n + m + 1, np.int64)
+    out_ln = np.empty(n + m + 1, np.int64)
+    k = 0
+    i = 0
+    a = np.int64(0)  # the free piece being cut: [a, b)
+    b = np.int64(0)
+    for j in range(m):
+        o, e = offs[j], ends[j]
+        while b <= o:  # this piece ends before the extent starts: keep it, take the next
+            if b > a:
+                out_st[k] = a
+                out_ln[k] = b - a
+                k += 1
+            if i == n:
+                return out_st, out_ln, k, j
+            a, b = st[i], st[i] + ln[i]
+            i += 1
+        if o < a or e > b:
+            return out_st, out_ln, k, j
+        if o > a:
+            out_st[k] = a
+            out_ln[k] = o - a
+            k += 1
+        a = e
+    if b > a:
+        out_st[k] = a
+        out_ln[k] = b - a
+        k += 1
+    while i < n:
+        out_st[k] = st[i]
+        out_ln[k] = ln[i]
+        k += 1
+        i += 1
+    return out_st, out_ln, k, -1
 
 
 def _tables(run: OpLogColumns, puts: np.ndarray, p: np.ndarray, reps: np.ndarray,

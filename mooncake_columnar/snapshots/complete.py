@@ -1,8 +1,11 @@
 """Complete MasterService snapshots: write v2, restore newest-first with candidate fallback.
 
 Restore (RFC Phase 3): for each candidate, capture (S1, C1) once, parse the manifest, decode,
-validate and convert every deadline into this process's steady domain. Any failure rejects the
-whole candidate (no partial state survives it) and the next older candidate is tried. Cleanup then
+validate (:meth:`SnapshotState.validate`: every field in its domain), cross-check the manifest's
+clock pair with the snapshot id and the deadlines, and convert every deadline into this process's
+steady domain. Any failure rejects the whole candidate (no partial state survives it) and the
+next older candidate is tried; the reason is recorded as a typed
+:class:`~mooncake_columnar.errors.SnapshotError` (an untyped one is mapped here). Cleanup then
 follows "Complete snapshot cleanup": drop replicas that are not COMPLETE and objects left without
 replicas; drop non-hard-pinned objects whose lease and soft pin are both expired at C1.
 """
@@ -18,12 +21,29 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..clock import Clocks
-from ..errors import ClockConversionError, ManifestError, NoUsableSnapshot
+from ..clock import NS_PER_MS, Clocks
+from ..config import MasterConfig
+from ..errors import (
+    ClockConversionError,
+    ManifestClockError,
+    ManifestError,
+    MooncakeError,
+    NoUsableSnapshot,
+    SnapshotDecodeError,
+    SnapshotError,
+    SnapshotFieldError,
+    SnapshotIntegrityError,
+)
 from ..schema import ST_COMPLETE
 from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, state_payloads
 from .convert import convert_steady_deadlines
-from .manifest import SnapshotManifest, parse_manifest, snapshot_id_for, v2_manifest
+from .manifest import (
+    SnapshotManifest,
+    check_clock_pair,
+    parse_manifest,
+    snapshot_id_for,
+    v2_manifest,
+)
 from .mooncake_v1 import V1_FILES, decode_v1
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
@@ -44,7 +64,30 @@ class RestoreStats:
     objects_restored: int = 0
     objects_dropped: int = 0
     conversion_failures: int = 0
-    failures: list[tuple[str, str]] = field(default_factory=list)  # (snapshot_id, error)
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (snapshot_id, "Type: message")
+    rejections: list[tuple[str, SnapshotError]] = field(default_factory=list)  # (snapshot_id, typed error)
+
+
+def max_granted_ttl_ns(config: MasterConfig | None = None) -> int:
+    """The longest lease or soft-pin interval a master grants: the largest TTL of ``config``
+    (read lease, recovery lease, soft pin default and maximum), never below the defaults' (a
+    master restarted with shorter TTLs still restores what the defaults granted). A deadline
+    further than this past the clock it was granted on cannot be genuine."""
+    configs = (MasterConfig(),) if config is None else (config, MasterConfig())
+    return max(max(c.default_kv_lease_ttl_ms, c.effective_recovery_kv_lease_ttl_ms, c.default_kv_soft_pin_ttl_ms,
+                   c.max_kv_soft_pin_ttl_ms) for c in configs) * NS_PER_MS
+
+
+def as_snapshot_error(e: Exception) -> SnapshotError:
+    """The typed rejection reason of a candidate: a SnapshotError as it is; an engine error
+    (the rebuild or its self-check refused the state) as SnapshotIntegrityError; anything else
+    (Arrow, Unicode, NumPy, ValueError...) as SnapshotDecodeError; the original is the cause."""
+    if isinstance(e, SnapshotError):
+        return e
+    cls = SnapshotIntegrityError if isinstance(e, MooncakeError) else SnapshotDecodeError
+    typed = cls(f"{type(e).__name__}: {e}")
+    typed.__cause__ = e
+    return typed
 
 
 def _write(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int,
@@ -126,58 +169,78 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
 
 
 def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks, *,
-                     check_unique_keys: bool = True) -> tuple[SnapshotState, SnapshotManifest, int]:
+                     check_unique_keys: bool = True, max_ttl_ns: int | None = None
+                     ) -> tuple[SnapshotState, SnapshotManifest, int]:
     """Decode one candidate into the current steady domain; returns (state, manifest, C1).
 
     (S1, C1) is read once, before anything is downloaded or decoded, so the time decoding takes
-    keeps reducing every lease (RFC Phase 3). Raises on any problem with the candidate.
+    keeps reducing every lease (RFC Phase 3). Raises on any problem with the candidate. The
+    decoded state is validated (by its decoder), and its deadlines may lie at most
+    ``max_ttl_ns`` (default :func:`max_granted_ttl_ns`) past the clock they are measured on: a
+    v2 manifest's steady time (else :class:`ManifestClockError`: a steady time moved back would
+    lengthen every lease), a v1 snapshot's converted deadlines past C1.
     """
     restore_system_ns, restore_steady_ns = clocks.system_ns(), clocks.steady_ns()
+    max_ttl_ns = max_granted_ttl_ns() if max_ttl_ns is None else max_ttl_ns
     manifest = parse_manifest(repo.read_manifest(snapshot_id))
     if manifest.snapshot_id != snapshot_id:
         raise ManifestError(f"manifest names {manifest.snapshot_id}, directory is {snapshot_id}")
     if manifest.is_v2:
         payloads = repo.read_payloads(snapshot_id, (*PAYLOAD_FILES, DIGEST_FILE))
-        state = convert_v2_state(decode_state(payloads, check_unique_keys=check_unique_keys), manifest,
-                                 restore_system_ns=restore_system_ns,
+        decoded = decode_state(payloads, check_unique_keys=check_unique_keys)
+        state = convert_v2_state(decoded, manifest, restore_system_ns=restore_system_ns,
                                  restore_steady_ns=restore_steady_ns)
+        # after the conversion, so a pair that overflows it still counts as a conversion failure
+        check_clock_pair(manifest)
+        try:
+            decoded.check_deadline_horizon(manifest.steady_now_ns, max_ttl_ns)
+        except SnapshotFieldError as e:
+            raise ManifestClockError(f"{snapshot_id}: steady_now_ns {manifest.steady_now_ns} contradicts "
+                                     f"the deadlines: {e}") from e
     else:
         payloads = {k: bytes(v) for k, v in repo.read_payloads(snapshot_id, V1_FILES).items()}
         state = decode_v1(payloads, restore_system_ns=restore_system_ns,
                           restore_steady_ns=restore_steady_ns)
+        state.check_deadline_horizon(restore_steady_ns, max_ttl_ns)
     return state, manifest, restore_steady_ns
 
 
-def restore_latest(repo: SnapshotRepository, clocks: Clocks, drop_expired: bool = True
-                   ) -> tuple[SnapshotState, SnapshotManifest, RestoreStats]:
+def restore_latest(repo: SnapshotRepository, clocks: Clocks, drop_expired: bool = True, *,
+                   max_ttl_ns: int | None = None) -> tuple[SnapshotState, SnapshotManifest, RestoreStats]:
     """Restore the newest usable candidate, converted into ``clocks``' steady domain.
 
     Raises :class:`NoUsableSnapshot` (with ``.stats``) when there is no candidate or all fail.
     """
-    return restore_latest_with(repo, clocks, lambda state: state, drop_expired)
+    return restore_latest_with(repo, clocks, lambda state: state, drop_expired, max_ttl_ns=max_ttl_ns)
 
 
 def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
                         build: Callable[[SnapshotState], T], drop_expired: bool = True, *,
-                        build_checks_unique_keys: bool = False) -> tuple[T, SnapshotManifest, RestoreStats]:
+                        build_checks_unique_keys: bool = False, max_ttl_ns: int | None = None
+                        ) -> tuple[T, SnapshotManifest, RestoreStats]:
     """:func:`restore_latest`, with ``build`` (e.g. rebuilding the engine) run on each cleaned
     candidate inside the candidate's failure scope: if ``build`` raises, the candidate fails as a
     whole and the next one is tried. The state ``build`` gets is validated already (cleanup keeps
     it so). ``build_checks_unique_keys``: the builder rejects duplicate (tenant, key) itself
-    (MasterService.from_state does, while loading its key index)."""
+    (MasterService.from_state does, while loading its key index). ``max_ttl_ns``: see
+    :func:`decode_candidate`. Each rejection is recorded typed in ``stats.rejections`` (and as
+    text in ``stats.failures``)."""
     stats = RestoreStats()
     for snapshot_id in repo.candidates():
         stats.candidates_tried += 1
         try:
             state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks,
-                                                       check_unique_keys=not build_checks_unique_keys)
+                                                       check_unique_keys=not build_checks_unique_keys,
+                                                       max_ttl_ns=max_ttl_ns)
             state, dropped = cleanup_state(state, now_ns, drop_expired)
             built = build(state)
         except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)
+            error = as_snapshot_error(e)
             stats.fallbacks += 1
-            stats.conversion_failures += isinstance(e, ClockConversionError)
-            stats.failures.append((snapshot_id, f"{type(e).__name__}: {e}"))
-            log.warning("snapshot candidate %s rejected: %s", snapshot_id, e)
+            stats.conversion_failures += isinstance(error, ClockConversionError)
+            stats.failures.append((snapshot_id, f"{type(error).__name__}: {error}"))
+            stats.rejections.append((snapshot_id, error))
+            log.warning("snapshot candidate %s rejected: %s", snapshot_id, error)
             continue
         stats.snapshot_id, stats.format_version = snapshot_id, manifest.version
         stats.objects_restored, stats.objects_dropped = state.objects.num_rows, dropped

@@ -31,7 +31,7 @@ from ..errors import InvalidParams, NoUsableSnapshot, SnapshotStorageUnavailable
 from ..memory import FreeMemoryWarmer, prefault, warm_free_memory
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .arrow_codec import state_payloads
-from .complete import RestoreStats, restore_latest_with
+from .complete import RestoreStats, max_granted_ttl_ns, restore_latest_with
 from .manifest import snapshot_id_for, v1_manifest, v2_manifest
 from .mooncake_v1 import encode_v1
 from .repository import SnapshotRepository, stored_size
@@ -332,7 +332,9 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
     lease and soft pin are both expired (RFC default); False keeps them as evictable cache.
     Segments come back mounted and readable; their clients must ping/remount within
     ``client_live_ttl_s``. A candidate whose engine fails the self-check (``MasterService.verify``)
-    is rejected like any other (``stats.failures``). Raises
+    is rejected like any other (``stats.failures``, typed in ``stats.rejections``), and so is one
+    whose lease or soft-pin deadlines run longer than ``config`` (or the default config) grants
+    (:func:`~.complete.max_granted_ttl_ns`: a forged clock pair). Raises
     :class:`~mooncake_columnar.errors.NoUsableSnapshot` (with
     ``.stats``) when every candidate fails. The stats are a :class:`MasterRestoreStats`: ``notes``
     records why a bad or dangling latest.txt was passed over (the listed snapshots are then tried
@@ -374,7 +376,8 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
     try:
         master, manifest, stats = restore_latest_with(view, clocks, build,  # type: ignore[arg-type]
                                                       snapshot_restore_drop_expired,
-                                                      build_checks_unique_keys=True)
+                                                      build_checks_unique_keys=True,
+                                                      max_ttl_ns=max_granted_ttl_ns(config))
     except NoUsableSnapshot as e:
         e.stats = _with_notes(e.stats, view.notes) if isinstance(e.stats, RestoreStats) else e.stats
         if view.storage_errors:

@@ -9,7 +9,9 @@ the ``|`` separators): tag, version, id and the clock pair are covered, so an ed
 before the checksum existed has only the five fields; it still parses, with ``checksummed`` False,
 and the repository decides whether to accept it (:class:`~.repository.SnapshotRepository`).
 The checksum is not a signature: it catches buggy writers and hand edits, not someone who
-recomputes it.
+recomputes it; for those the restore cross-checks the pair (:func:`check_clock_pair`: the system
+time against the snapshot id; ``SnapshotState.check_deadline_horizon``: the steady time against
+the deadlines), which a five-field manifest must pass too, as its only verification.
 
 The manifest is the publication marker, so anything unexpected in it fails the candidate: exact
 field counts, no whitespace, canonical int64 decimals only (RFC Phase 3: "missing fields,
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
-from ..errors import ManifestError
+from ..errors import ManifestClockError, ManifestError
 
 V1_TAG = "messagepack"
 V1_VERSION = "1.0.0"
@@ -140,6 +142,24 @@ def v1_manifest(snapshot_id: str) -> SnapshotManifest:
 
 def v2_manifest(snapshot_id: str, system_now_ns: int, steady_now_ns: int) -> SnapshotManifest:
     return SnapshotManifest(V2_TAG, V2_VERSION, snapshot_id, int(system_now_ns), int(steady_now_ns))
+
+
+def check_clock_pair(manifest: SnapshotManifest) -> None:
+    """Cross-check a v2 manifest's system time with its snapshot id: the writer names a snapshot
+    after its system time S0 (:func:`snapshot_id_for`), bumped later, never earlier, when two
+    snapshots share a millisecond or the wall clock stepped back (``SnapshotManager._next_id``).
+    An id earlier than S0 therefore means S0 was changed, and a later S0 would lengthen every
+    restored lease: :class:`ManifestClockError`. (The steady time is cross-checked with the
+    deadlines once the payloads are decoded: ``SnapshotState.check_deadline_horizon``.)"""
+    if not manifest.is_v2:
+        return
+    id_ms = snapshot_id_ms(manifest.snapshot_id)
+    if id_ms is None:
+        raise ManifestClockError(f"snapshot id {manifest.snapshot_id} is not a calendar time")
+    system_ms = manifest.system_now_ns // NS_PER_MS
+    if system_ms > id_ms:
+        raise ManifestClockError(f"system_now_ns {manifest.system_now_ns} is {system_ms - id_ms} ms after the "
+                                 f"time of snapshot id {manifest.snapshot_id}, which is named after it")
 
 
 def parse_manifest(data: str | bytes) -> SnapshotManifest:

@@ -12,7 +12,7 @@ vectorized. Stored bytes are hostile: every zstd frame is capped before its outp
 (a multiple of its stored size, and ``max_decompressed_bytes`` per payload file); a repeated
 msgpack map key (one flipped bit can turn a shard's key into another's, and a dict would drop a
 shard) and a key filed in a shard it does not route to fail the candidate; every failure is a
-:class:`~mooncake_columnar.errors.SnapshotFieldError` naming the file (and shard) and the field.
+:class:`~mooncake_columnar.errors.SnapshotPayloadFieldError` naming the file (and shard) and the field.
 
 Not represented in :class:`SnapshotState` and therefore dropped on read: replication/offload tasks
 (``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway),
@@ -35,7 +35,7 @@ import zstandard
 from ..errors import (
     InvalidParams,
     SerializeFail,
-    SnapshotFieldError,
+    SnapshotPayloadFieldError,
     SnapshotPayloadError,
 )
 from ..kernels.upstream_hash import murmur64a
@@ -104,10 +104,10 @@ def _unpack(data: bytes, file: str) -> Any:
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False, object_pairs_hook=_unique_map)
     except _BadMapKey as e:
-        raise SnapshotFieldError(file, "msgpack map", str(e)) from None
+        raise SnapshotPayloadFieldError(file, "msgpack map", str(e)) from None
     # ValueError covers ExtraData, FormatError, StackError and UnicodeDecodeError (bad UTF-8)
     except (ValueError, TypeError, OverflowError) as e:
-        raise SnapshotFieldError(file, "msgpack", f"bad msgpack: {type(e).__name__}: {e}") from None
+        raise SnapshotPayloadFieldError(file, "msgpack", f"bad msgpack: {type(e).__name__}: {e}") from None
 
 
 def _is_int64(v: Any) -> bool:
@@ -118,7 +118,7 @@ def _array(values: list, type_: pa.DataType, file: str, field: str) -> pa.Array:
     try:
         return pa.array(values, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as e:
-        raise SnapshotFieldError(file, field, f"wrong value type: {e}") from None
+        raise SnapshotPayloadFieldError(file, field, f"wrong value type: {e}") from None
 
 
 def _check_uuids(values: pa.Array | pa.ChunkedArray, file: str, field: str) -> None:
@@ -126,12 +126,12 @@ def _check_uuids(values: pa.Array | pa.ChunkedArray, file: str, field: str) -> N
     ok = pc.match_substring_regex(values, _UUID_PATTERN)
     if len(values) and not pc.all(ok).as_py():
         bad = values.filter(pc.invert(ok))[0].as_py()
-        raise SnapshotFieldError(file, field, f"{bad!r} is not an upstream UUID string")
+        raise SnapshotPayloadFieldError(file, field, f"{bad!r} is not an upstream UUID string")
     # 20-digit halves compare as strings: only those above 2**64 - 1 are out of range
     parts = pc.list_flatten(pc.split_pattern(values, "-"))
     wide = pc.and_(pc.equal(pc.utf8_length(parts), 20), pc.greater(parts, str(_U64)))
     if pc.any(wide).as_py():
-        raise SnapshotFieldError(file, field, f"UUID half {parts.filter(wide)[0].as_py()!r} is "
+        raise SnapshotPayloadFieldError(file, field, f"UUID half {parts.filter(wide)[0].as_py()!r} is "
                                  "above 2**64 - 1")
 
 
@@ -172,22 +172,22 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
     f = SEGMENTS_FILE
     top = _unpack(ZstdBudget(len(raw), max_bytes).unzstd(raw, f), f)
     if not isinstance(top, dict) or not {"ma", "an", "ms", "cs", "ld"} <= set(top):
-        raise SnapshotFieldError(f, "top level", "expected a map with ma, an, ms, cs, ld")
+        raise SnapshotPayloadFieldError(f, "top level", "expected a map with ma, an, ms, cs, ld")
     if top["ma"] != UPSTREAM_ALLOCATOR_OFFSET:
-        raise SnapshotFieldError(f, "ma", f"allocator type {top['ma']!r} is not OFFSET")
+        raise SnapshotPayloadFieldError(f, "ma", f"allocator type {top['ma']!r} is not OFFSET")
     mounted, clients = top["ms"], top["cs"]
     if not isinstance(mounted, dict) or not isinstance(clients, dict):
-        raise SnapshotFieldError(f, "ms/cs", "must be maps")
+        raise SnapshotPayloadFieldError(f, "ms/cs", "must be maps")
     owner: dict[str, str] = {}
     for client, seg_ids in clients.items():  # one entry per client, not per object
         if not isinstance(client, str) or not isinstance(seg_ids, list):
-            raise SnapshotFieldError(f, "cs", "bad client -> segments entry")
+            raise SnapshotPayloadFieldError(f, "cs", "bad client -> segments entry")
         for seg_id in seg_ids:
             if not isinstance(seg_id, str) or seg_id in owner:
-                raise SnapshotFieldError(f, "cs", f"bad or doubly owned segment {seg_id!r}")
+                raise SnapshotPayloadFieldError(f, "cs", f"bad or doubly owned segment {seg_id!r}")
             owner[seg_id] = client
     if not all(isinstance(seg_id, str) for seg_id in mounted):  # before sorting them
-        raise SnapshotFieldError(f, "ms", "a mounted segment id is not a string")
+        raise SnapshotPayloadFieldError(f, "ms", "a mounted segment id is not a string")
     rows: dict[str, list] = {name: [] for name in SEGMENTS_ARROW_SCHEMA.names}
     index: dict[str, int] = {}
     for seg_id, seg in sorted(mounted.items()):
@@ -196,7 +196,7 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
                 and _is_int64(seg[3]) and seg[3] >= 0 and isinstance(seg[4], str)
                 and type(seg[5]) is int and type(seg[6]) is bool
                 and (isinstance(seg[7], list) or not seg[6])):
-            raise SnapshotFieldError(f, f"ms[{seg_id!r}]", "malformed MountedSegment")
+            raise SnapshotPayloadFieldError(f, f"ms[{seg_id!r}]", "malformed MountedSegment")
         index[seg_id] = len(index)
         rows["name"].append(seg[1])
         rows["endpoint"].append(seg[4])
@@ -206,7 +206,7 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
         rows["used"].append(0)  # filled from the replicas by with_usage
         rows["readable"].append(seg[5] == SEGMENT_STATUS_OK)
     if set(owner) - set(index):
-        raise SnapshotFieldError(f, "cs", "a client owns a segment that is not mounted")
+        raise SnapshotPayloadFieldError(f, "cs", "a client owns a segment that is not mounted")
     table = pa.table({fl.name: _array(rows[fl.name], fl.type, f, f"ms.{fl.name}")
                       for fl in SEGMENTS_ARROW_SCHEMA}, schema=SEGMENTS_ARROW_SCHEMA)
     _check_uuids(pa.array(list(index), pa.string()), f, "ms segment id")
@@ -214,8 +214,8 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
     return table, index
 
 
-def _object_error(file: str, tenant: str, key: str, message: str) -> SnapshotFieldError:
-    return SnapshotFieldError(file, f"object {tenant!r}/{key!r}", message)
+def _object_error(file: str, tenant: str, key: str, message: str) -> SnapshotPayloadFieldError:
+    return SnapshotPayloadFieldError(file, f"object {tenant!r}/{key!r}", message)
 
 
 def _parse_meta(file: str, tenant: str, key: str, meta: Any, objs: dict[str, list],
@@ -284,12 +284,12 @@ def _parse_shards(shards: dict, budget: ZstdBudget, objs: dict[str, list], reps:
     counts: list[int] = []
     for shard_idx, blob in shards.items():
         if not (is_uint(shard_idx) and shard_idx < NUM_SHARDS):
-            raise SnapshotFieldError(METADATA_FILE, "shards", f"bad shard index {shard_idx!r}")
+            raise SnapshotPayloadFieldError(METADATA_FILE, "shards", f"bad shard index {shard_idx!r}")
         file = f"{METADATA_FILE} shard {shard_idx}"
         shard = _unpack(budget.unzstd(blob, file), file)
         if not isinstance(shard, dict) or set(shard) != {"metadata"} \
                 or not isinstance(shard["metadata"], list):
-            raise SnapshotFieldError(file, "top level", "expected {metadata: [...]}")
+            raise SnapshotPayloadFieldError(file, "top level", "expected {metadata: [...]}")
         for item in shard["metadata"]:
             if isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) \
                     and isinstance(item[1], str):
@@ -297,7 +297,7 @@ def _parse_shards(shards: dict, budget: ZstdBudget, objs: dict[str, list], reps:
             elif isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
                 _parse_meta(file, DEFAULT_TENANT, item[0], item[1], objs, reps)  # legacy item
             else:
-                raise SnapshotFieldError(file, "metadata", "malformed item")
+                raise SnapshotPayloadFieldError(file, "metadata", "malformed item")
         shard_of.append(shard_idx)
         counts.append(len(shard["metadata"]))
     return np.repeat(np.asarray(shard_of, np.int64), np.asarray(counts, np.int64))
@@ -311,7 +311,7 @@ def _check_routing(objects: pa.Table, shard_of: np.ndarray) -> None:
     bad = np.flatnonzero(routed != shard_of)
     if bad.size:
         row = int(bad[0])
-        raise SnapshotFieldError(
+        raise SnapshotPayloadFieldError(
             f"{METADATA_FILE} shard {int(shard_of[row])}", "key",
             f"{objects.column('key')[row].as_py()!r} belongs in shard {int(routed[row])}")
 
@@ -330,20 +330,20 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
                             "positive int")
     for name in V1_FILES:
         if not isinstance(payloads.get(name), bytes):
-            raise SnapshotFieldError(name, "payload", "missing, or not bytes")
+            raise SnapshotPayloadFieldError(name, "payload", "missing, or not bytes")
     segments, seg_index = _decode_segments(payloads[SEGMENTS_FILE], max_decompressed_bytes)
     top = _unpack(payloads[METADATA_FILE], METADATA_FILE)
     if not isinstance(top, dict) or set(top) != {"shards", "discarded_replicas", "replica_next_id"}:
-        raise SnapshotFieldError(METADATA_FILE, "top level",
+        raise SnapshotPayloadFieldError(METADATA_FILE, "top level",
                                  "expected shards, discarded_replicas, replica_next_id")
     if not isinstance(top["shards"], dict) or not isinstance(top["discarded_replicas"], list) \
             or not is_uint(top["replica_next_id"]):
-        raise SnapshotFieldError(METADATA_FILE, "top level", "malformed top-level fields")
+        raise SnapshotPayloadFieldError(METADATA_FILE, "top level", "malformed top-level fields")
     raw_tasks = payloads[TASK_MANAGER_FILE]
     tasks = _unpack(ZstdBudget(len(raw_tasks), max_decompressed_bytes).unzstd(
         raw_tasks, TASK_MANAGER_FILE), TASK_MANAGER_FILE)
     if not isinstance(tasks, list) or any(not (isinstance(t, list) and len(t) == 8) for t in tasks):
-        raise SnapshotFieldError(TASK_MANAGER_FILE, "tasks", "expected an array of 8-field tasks")
+        raise SnapshotPayloadFieldError(TASK_MANAGER_FILE, "tasks", "expected an array of 8-field tasks")
     objs: dict[str, list] = {k: [] for k in (
         "tenant", "key", "client", "size_bytes", "data_type", "group", "hard_pinned", "lease_ms",
         "put_start_time_ms", "processing", "replica_count")}
@@ -381,17 +381,17 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
     seg_row = pc.index_in(seg_ids, value_set=pa.array(list(seg_index), pa.string()))
     if seg_row.null_count:
         bad = seg_ids.filter(pc.is_null(seg_row))[0].as_py()
-        raise SnapshotFieldError(f, "replicas.segment_id", f"memory replica on unknown segment "
+        raise SnapshotPayloadFieldError(f, "replicas.segment_id", f"memory replica on unknown segment "
                                  f"id {bad!r}")
     seg_row = seg_row.to_numpy(zero_copy_only=False).astype(np.int64)
     base = segments.column("base").to_numpy().astype(np.uint64)[seg_row]  # bases are >= 0
     ptr = _array(reps["buffer_ptr"], pa.uint64(), f, "replicas.buffer_ptr").to_numpy()
     if (ptr < base).any():
-        raise SnapshotFieldError(f, "replicas.buffer_ptr", "memory replica buffer below its "
+        raise SnapshotPayloadFieldError(f, "replicas.buffer_ptr", "memory replica buffer below its "
                                  "segment base")
     offset = ptr - base  # uint64: exact (int64 against uint64 would compare as float64)
     if (offset > np.uint64(np.iinfo(np.int64).max)).any():
-        raise SnapshotFieldError(f, "replicas.buffer_ptr", "buffer offset beyond int64")
+        raise SnapshotPayloadFieldError(f, "replicas.buffer_ptr", "buffer offset beyond int64")
     status = _array(reps["status"], pa.uint8(), f, "replicas.status")
     replicas = pa.table({
         "object_index": pa.array(np.asarray(reps["object_index"], dtype=np.int64)),

@@ -31,7 +31,7 @@ import zstandard
 from ..errors import (
     SerializeFail,
     SnapshotDecompressionLimit,
-    SnapshotFieldError,
+    SnapshotPayloadFieldError,
     SnapshotIntegrityError,
     SnapshotPayloadError,
 )
@@ -79,12 +79,12 @@ def unzstd(data: Any, what: str, max_size: int | None = None) -> bytes:
     then refuses a frame whose blocks produce more than it declared.
     """
     if not isinstance(data, bytes):
-        raise SnapshotFieldError(what, "zstd frame", f"expected bytes, got {type(data).__name__}")
+        raise SnapshotPayloadFieldError(what, "zstd frame", f"expected bytes, got {type(data).__name__}")
     cap = zstd_cap(len(data)) if max_size is None else max_size
     try:
         declared = zstandard.frame_content_size(data)
     except zstandard.ZstdError as e:
-        raise SnapshotFieldError(what, "zstd frame", f"bad frame header: {e}") from None
+        raise SnapshotPayloadFieldError(what, "zstd frame", f"bad frame header: {e}") from None
     if declared > cap:
         raise SnapshotDecompressionLimit(what, "zstd frame", f"declares {declared} bytes, over the "
                                          f"cap of {cap}")
@@ -94,7 +94,7 @@ def unzstd(data: Any, what: str, max_size: int | None = None) -> bytes:
             dobj = dctx.decompressobj()
             out = dobj.decompress(data)
             if out or not dobj.eof or dobj.unused_data:
-                raise SnapshotFieldError(what, "zstd frame", "truncated frame or trailing bytes")
+                raise SnapshotPayloadFieldError(what, "zstd frame", "truncated frame or trailing bytes")
             return out
         # size unknown (-1): the buffer is the cap, filled only as far as the frame goes
         return dctx.decompress(data, max_output_size=cap, allow_extra_data=False)
@@ -104,7 +104,7 @@ def unzstd(data: Any, what: str, max_size: int | None = None) -> bytes:
         if declared == -1 and "did not decompress full frame" in str(e):  # buffer full, or cut
             raise SnapshotDecompressionLimit(what, "zstd frame", f"truncated, or it decompresses "
                                              f"past the cap of {cap} bytes") from None
-        raise SnapshotFieldError(what, "zstd frame", f"bad zstd frame: {e}") from None
+        raise SnapshotPayloadFieldError(what, "zstd frame", f"bad zstd frame: {e}") from None
 
 
 class ZstdBudget:

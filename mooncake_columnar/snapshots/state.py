@@ -21,9 +21,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
-from ..errors import SnapshotIntegrityError, SnapshotSchemaError
+from ..clock import INT64_MAX, NS_PER_MS
+from ..errors import (
+    SnapshotExtentError,
+    SnapshotFieldError,
+    SnapshotIntegrityError,
+    SnapshotSchemaError,
+)
+from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..schema import (
     KIND_MEMORY,
+    MAX_KEY_BYTES,
     NAME_DICTIONARY,
     NAME_INDEX_TYPES,
     OBJECTS_ARROW_SCHEMA,
@@ -32,9 +40,11 @@ from ..schema import (
     REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
     ST_REMOVED,
+    ReplicaKind,
+    ReplicaStatus,
 )
 
-UINT64_MAX = 2**64 - 1
+MAX_PUT_START_MS = INT64_MAX // NS_PER_MS  # put start times whose ns still fit int64
 
 
 def _canonical(schema: pa.Schema) -> pa.Schema:
@@ -133,19 +143,46 @@ class SnapshotState:
                        replicas=encode(self.replicas, REPLICAS_PAYLOAD_SCHEMA))
 
     def validate(self, *, check_unique_keys: bool = True, check_overlaps: bool | None = None) -> "SnapshotState":
-        """Raise a typed error if the state is not internally consistent; return self.
+        """Raise a typed error if the state is not internally consistent or a value lies outside
+        its domain; return self. Every loader runs it (v2 and v1 restore, standby snapshots, oplog
+        apply, ``from_state``), so what passes loads into an engine that passes
+        ``MasterService.verify()``:
 
-        ``check_unique_keys=False`` skips the (tenant, key) uniqueness check and, unless
-        ``check_overlaps`` says otherwise, the extent-overlap sort: both are what the engine
-        guarantees on export (key index, allocator) and checks again on load (index insert,
-        allocator rebuild), so a state on its way into or out of an engine skips them here.
+        * objects: ``size_bytes`` > 0; keys 1..MAX_KEY_BYTES bytes; ``put_start_time_ms`` in
+          [0, the ms whose ns fit int64]; (tenant, key) unique.
+        * segments: names non-empty and unique; ``size`` > 0; ``base + size`` within int64;
+          0 <= ``used`` <= ``size``.
+        * replicas: ``object_index`` in range and each object's ``replica_count`` matched; ids in
+          [1, ``replica_next_id``) and unique, ``replica_next_id`` below 2**63; known status
+          (never UNDEFINED, the engine's empty slot) and kind; ``size`` equal to the object's
+          ``size_bytes`` (the engine holds the object size at the offset); offsets >= 0; memory
+          extents on a known segment, inside it, starting on its allocation unit (the
+          ``kernels.allocation.held_end`` rule) and not overlapping one another.
+
+        Errors are :class:`~..errors.SnapshotFieldError` (``SnapshotExtentError`` for overlaps)
+        naming table, field and row, or ``SnapshotSchemaError``. ``check_unique_keys=False`` skips
+        the (tenant, key) uniqueness check and, unless ``check_overlaps`` says otherwise, the
+        extent-overlap sort: both are what the engine guarantees on export (key index, allocator)
+        and checks again on load (index insert, allocator rebuild), so a state on its way into or
+        out of an engine skips them here.
         """
         for name, schemas in _LAYOUTS.items():
             check_table(getattr(self, name), schemas, name)
+        next_id = self._validate_next_id()
         self._validate_objects(check_unique_keys)
-        self._validate_segments()
-        self._validate_replicas(check_unique_keys if check_overlaps is None else check_overlaps)
+        unit_bits = self._validate_segments()
+        self._validate_replicas(next_id, unit_bits, check_unique_keys if check_overlaps is None else check_overlaps)
         return self
+
+    def _validate_next_id(self) -> int:
+        try:
+            next_id = operator.index(self.replica_next_id)
+        except TypeError:
+            next_id = -1
+        if isinstance(self.replica_next_id, bool) or not 1 <= next_id <= INT64_MAX:
+            raise SnapshotFieldError("state", "replica_next_id", None,
+                                     f"{self.replica_next_id!r} is not in [1, 2**63)")
+        return next_id
 
     def _validate_objects(self, check_unique_keys: bool = True) -> None:
         objs = self.objects
@@ -153,43 +190,53 @@ class SnapshotState:
             pairs = pa.table({"tenant": name_codes(objs.column("tenant"))[0], "key": objs.column("key")})
             if pairs.group_by(["tenant", "key"]).aggregate([]).num_rows != objs.num_rows:
                 raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
-        if objs.num_rows and int(pc.min(objs.column("size_bytes")).as_py()) < 0:
-            raise SnapshotIntegrityError("objects: negative size_bytes")
+        _check_range("objects", "size_bytes", _np(objs, "size_bytes"), 1, INT64_MAX)
+        _check_range("objects", "put_start_time_ms", _np(objs, "put_start_time_ms"), 0, MAX_PUT_START_MS)
+        if objs.num_rows:
+            _check_range("objects", "key", pc.binary_length(objs.column("key")).to_numpy(), 1, MAX_KEY_BYTES,
+                         "bytes long")
 
-    def _validate_segments(self) -> None:
+    def _validate_segments(self) -> np.ndarray:
+        """Checks the segments table; returns each row's allocation-unit bits."""
         segs = self.segments
         if pc.count_distinct(segs.column("name")).as_py() != segs.num_rows:
-            raise SnapshotIntegrityError("segments: duplicate segment name")
-        if segs.num_rows and (int(pc.min(segs.column("size")).as_py()) < 0
-                              or int(pc.min(segs.column("used")).as_py()) < 0):
-            raise SnapshotIntegrityError("segments: negative size or used")
+            raise SnapshotFieldError("segments", "name", None, "duplicate segment name")
+        if not segs.num_rows:
+            return np.zeros(0, np.int64)
+        _check_range("segments", "name", pc.binary_length(segs.column("name")).to_numpy(), 1, INT64_MAX,
+                     "bytes long")
+        size, used, base = _np(segs, "size"), _np(segs, "used"), _np(segs, "base")
+        _check_range("segments", "size", size, 1, INT64_MAX)
+        _first_bad("segments", "used", (used < 0) | (used > size), used, "outside [0, size]")
+        # size >= 1 here, so INT64_MAX - size fits uint64: base + size stays within int64
+        _first_bad("segments", "base", base > (INT64_MAX - size).astype(np.uint64), base,
+                   "puts base + size past int64")
+        return multiplier_bits(size)
 
-    def _validate_replicas(self, check_overlaps: bool = True) -> None:
-        reps, n_obj = self.replicas, self.objects.num_rows
-        try:
-            next_id = operator.index(self.replica_next_id)
-        except TypeError:
-            next_id = -1
-        if isinstance(self.replica_next_id, bool) or not 0 <= next_id <= UINT64_MAX:
-            raise SnapshotIntegrityError(f"replica_next_id {self.replica_next_id!r} is not a uint64")
+    def _validate_replicas(self, next_id: int, unit_bits: np.ndarray, check_overlaps: bool = True) -> None:
+        reps, objs = self.replicas, self.objects
         codes, names = name_codes(reps.column("segment"))
         seg_rows = _segment_lut(names, self.segments)
-        offset, size = _np(reps, "offset"), _np(reps, "size")
-        err, at = _check_replicas(_np(reps, "object_index"), _np(self.objects, "replica_count"),
-                                  _np(reps, "replica_id"), offset, size, _np(reps, "kind"), codes,
-                                  seg_rows, _np(self.segments, "size"), np.uint64(next_id))
-        if err == _UNKNOWN_SEGMENT:
-            raise SnapshotIntegrityError(f"replicas: memory replica on unknown segment "
-                                         f"{reps.column('segment')[at].as_py()!r}")
+        offset, size, ids = _np(reps, "offset"), _np(reps, "size"), _np(reps, "replica_id")
+        err, at = _check_replicas(_np(reps, "object_index"), _np(objs, "replica_count"), _np(objs, "size_bytes"),
+                                  ids, offset, size, _np(reps, "kind"), _np(reps, "status"), codes,
+                                  seg_rows, _np(self.segments, "size"), unit_bits, np.uint64(next_id))
         if err:
-            raise SnapshotIntegrityError(_REPLICA_ERRORS[err].format(n=n_obj))
+            field, what = _REPLICA_ERRORS[err]
+            value = reps.column(field)[at].as_py() if at < reps.num_rows else None
+            raise SnapshotFieldError("replicas", field, at if at < reps.num_rows else None,
+                                     f"{value!r}: {what.format(n=objs.num_rows, next_id=next_id)}")
+        dup = _first_duplicate(ids, next_id)
+        if dup >= 0:
+            raise SnapshotFieldError("replicas", "replica_id", dup, f"{int(ids[dup])} is used twice")
         if check_overlaps:
             self._check_overlaps(seg_rows[codes] if codes.size else codes, offset, size)
 
     def _check_overlaps(self, seg: np.ndarray, off: np.ndarray, sz: np.ndarray) -> None:
-        # REMOVED replicas no longer own their extent; every other memory replica does.
+        # REMOVED replicas no longer own their extent; every other memory replica does. Offsets
+        # are unit-aligned (checked above), so byte extents that do not overlap never share a unit.
         reps = self.replicas
-        held = (_np(reps, "kind") == KIND_MEMORY) & (_np(reps, "status") != ST_REMOVED) & (sz > 0)
+        held = np.flatnonzero((_np(reps, "kind") == KIND_MEMORY) & (_np(reps, "status") != ST_REMOVED))
         seg, off, sz = seg[held].astype(np.int64), off[held], sz[held]
         if seg.size and int(off.max()) < (1 << 62) >> int(seg.max()).bit_length():
             # one int64 sort key (segment code in the high bits): about 2x faster than lexsort
@@ -197,27 +244,92 @@ class SnapshotState:
         else:
             order = np.lexsort((off, seg))
         seg, off, sz = seg[order], off[order], sz[order]
-        same = seg[1:] == seg[:-1]
-        if (same & (off[1:] < off[:-1] + sz[:-1])).any():
-            raise SnapshotIntegrityError("replicas: overlapping memory extents on one segment")
+        bad = np.flatnonzero((seg[1:] == seg[:-1]) & (off[1:] < off[:-1] + sz[:-1]))
+        if bad.size:
+            i = int(bad[0])
+            first, second = int(held[order[i]]), int(held[order[i + 1]])
+            raise SnapshotExtentError("replicas", "offset", second,
+                                      f"extent [{int(off[i + 1])}, {int(off[i + 1] + sz[i + 1])}) overlaps "
+                                      f"row {first}'s [{int(off[i])}, {int(off[i] + sz[i])}) on one segment")
+
+    def check_deadline_horizon(self, now_ns: int, max_ttl_ns: int) -> None:
+        """Every lease and soft-pin deadline (sentinels aside) at most ``max_ttl_ns`` past
+        ``now_ns`` (same clock): no master grants a longer one, so a later deadline means the
+        clock it is measured against is wrong. Raises SnapshotFieldError naming the first."""
+        limit = int(now_ns) + int(max_ttl_ns)
+        if limit >= INT64_MAX:
+            return
+        for field in ("lease_deadline_ns", "soft_pin_deadline_ns"):
+            values = _np(self.objects, field)
+            if values.size and int(values.max()) > limit:
+                row = int(np.argmax(values > limit))
+                raise SnapshotFieldError("objects", field, row,
+                                         f"{int(values[row])} is {int(values[row]) - int(now_ns)} ns past the "
+                                         f"clock's {int(now_ns)}, more than the longest TTL ({int(max_ttl_ns)} ns)")
 
 
-_UNKNOWN_SEGMENT = 5
-_REPLICA_ERRORS = {
-    1: "replicas: object_index outside [0, {n})",
-    2: "objects.replica_count disagrees with the replicas table",
-    3: "replica_next_id is not above every replica_id",
-    4: "replicas: negative offset or size",
-    6: "replicas: memory extent beyond segment capacity",
-}
+def _check_range(table: str, field: str, values: np.ndarray, lo: int, hi: int, unit: str = "") -> None:
+    """SnapshotFieldError naming the first row of an int64 column outside [lo, hi] (two
+    reductions; the row is searched only on failure)."""
+    if values.size and (int(values.min()) < lo or int(values.max()) > hi):
+        _first_bad(table, field, (values < lo) | (values > hi), values,
+                   f"{unit + ', ' if unit else ''}outside [{lo}, {hi}]")
+
+
+def _first_bad(table: str, field: str, bad: np.ndarray, values: np.ndarray, what: str) -> None:
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise SnapshotFieldError(table, field, row, f"{int(values[row])} {what}")
+
+
+def _first_duplicate(ids: np.ndarray, next_id: int) -> int:
+    """Row of a replica id an earlier row already has (ids are in [1, next_id)), or -1."""
+    if ids.size < 2:
+        return -1
+    if next_id <= 64 * (ids.size + (1 << 20)):  # a bitmap of at most ~8 bytes per replica
+        return int(_first_repeat_in_bitmap(ids, (next_id + 63) // 64))
+    order = np.argsort(ids, kind="stable")
+    repeat = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    return int(order[repeat[0] + 1]) if repeat.size else -1
 
 
 @njit(cache=True, nogil=True)
-def _check_replicas(object_index, replica_count, replica_id, offset, size, kind, seg_codes,
-                    seg_rows, capacity, next_id):
+def _first_repeat_in_bitmap(ids, words):
+    seen = np.zeros(words, np.uint64)
+    for i in range(ids.shape[0]):
+        w = np.int64(ids[i] >> np.uint64(6))
+        b = np.uint64(1) << (ids[i] & np.uint64(63))
+        if seen[w] & b:
+            return i
+        seen[w] |= b
+    return -1
+
+
+_UNKNOWN_SEGMENT = 5
+# kernel error -> (replicas field, what is wrong)
+_REPLICA_ERRORS = {
+    1: ("object_index", "outside [0, {n})"),
+    2: ("object_index", "objects.replica_count disagrees with the replicas table"),
+    3: ("replica_id", "not below replica_next_id {next_id}"),
+    4: ("offset", "negative"),
+    _UNKNOWN_SEGMENT: ("segment", "memory replica on an unknown segment"),
+    6: ("offset", "memory extent beyond segment capacity"),
+    7: ("replica_id", "0 is not a replica id"),
+    8: ("status", f"not a replica status (1..{int(max(ReplicaStatus))})"),
+    9: ("kind", f"not a replica kind (0..{int(max(ReplicaKind))})"),
+    10: ("size", "differs from its object's size_bytes (the extent the engine holds)"),
+    11: ("offset", "not a multiple of its segment's allocation unit"),
+}
+_MAX_STATUS = np.uint8(max(ReplicaStatus))
+_MAX_KIND = np.uint8(max(ReplicaKind))
+
+
+@njit(cache=True, nogil=True)
+def _check_replicas(object_index, replica_count, obj_size, replica_id, offset, size, kind, status, seg_codes,
+                    seg_rows, capacity, unit_bits, next_id):
     """The per-replica checks in one pass, no temporaries when object_index is sorted (as the
     engine writes it): (error, replica index), error 0 when consistent, else a key of
-    _REPLICA_ERRORS or _UNKNOWN_SEGMENT."""
+    _REPLICA_ERRORS."""
     n_obj = replica_count.shape[0]
     runs = True  # sorted object_index: compare run lengths with replica_count as we go
     prev, run, expect = -1, 0, 0
@@ -225,9 +337,17 @@ def _check_replicas(object_index, replica_count, replica_id, offset, size, kind,
         oi = object_index[i]
         if oi < 0 or oi >= n_obj:
             return 1, i
+        if replica_id[i] == 0:
+            return 7, i
         if replica_id[i] >= next_id:
             return 3, i
-        if offset[i] < 0 or size[i] < 0:
+        if status[i] == 0 or status[i] > _MAX_STATUS:
+            return 8, i
+        if kind[i] > _MAX_KIND:
+            return 9, i
+        if size[i] != obj_size[oi]:
+            return 10, i
+        if offset[i] < 0:
             return 4, i
         if kind[i] == KIND_MEMORY:
             row = seg_rows[seg_codes[i]]
@@ -235,6 +355,8 @@ def _check_replicas(object_index, replica_count, replica_id, offset, size, kind,
                 return _UNKNOWN_SEGMENT, i
             if offset[i] > capacity[row] - size[i]:  # off + size > capacity, without overflow
                 return 6, i
+            if offset[i] & ((np.int64(1) << unit_bits[row]) - 1):
+                return 11, i
         if runs:
             if oi == prev:
                 run += 1
@@ -260,7 +382,7 @@ def _check_replicas(object_index, replica_count, replica_id, offset, size, kind,
         counts[object_index[i]] += 1
     for o in range(n_obj):
         if counts[o] != replica_count[o]:
-            return 2, 0
+            return 2, object_index.shape[0]
     return 0, 0
 
 

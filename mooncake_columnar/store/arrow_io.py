@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from ..errors import SnapshotIntegrityError
+from ..errors import SnapshotExtentError, SnapshotIntegrityError
 from ..kernels import arena as arena_k
 from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
@@ -462,4 +462,7 @@ def _rebuild_allocators(m: "MasterService") -> None:
     order, bounds = index_load.group_by_code(seg, n_codes)
     for code in range(n_codes):
         sel = order[bounds[code]:bounds[code + 1]]
-        m.segments.rebuild_allocator(code, offsets[sel], sizes[sel])
+        try:
+            m.segments.rebuild_allocator(code, offsets[sel], sizes[sel])
+        except ValueError as e:  # the allocator kernel's refusal, typed for the loader's caller
+            raise SnapshotExtentError("replicas", "offset", None, f"segment {m.segments.info[code].name!r}: {e}") from e
