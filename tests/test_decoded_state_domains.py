@@ -175,9 +175,11 @@ def test_v2_object_size_alone_forged_is_refused_as_differing_from_its_replica(tm
     assert error.row == 2
 
 
-def test_v2_replica_next_id_at_2_63_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("next_id", [TOO_BIG, TOO_BIG - 1, 2**62 + 1], ids=["2**63", "2**63-1", "2**62+1"])
+def test_v2_replica_next_id_at_2_63_is_refused(tmp_path: Path, next_id: int) -> None:
+    """Past 2**62 the engine's int64 id counter could wrap on later puts (2**63-1 did)."""
     repo, older, newer, clocks = _two_snapshots(tmp_path)
-    _forge(repo, tmp_path, newer, next_id=TOO_BIG)
+    _forge(repo, tmp_path, newer, next_id=next_id)
     error = _assert_fell_back(repo, clocks, older, newer, SnapshotFieldError, "state", "replica_next_id")
     assert error.row is None
 

@@ -2,7 +2,7 @@
 oplog store records are refused with a typed error or load into an engine that passes
 ``verify()``; never a crash, an untyped error, a hang, a broken engine or a silent partial restore.
 
-The default run does MOONCAKE_FUZZ_CASES (default 100) cases per format, fixed seeds, in worker
+The default run does MOONCAKE_FUZZ_CASES (default 200) cases per format, fixed seeds, in worker
 subprocesses (mooncake_columnar/testing/fuzz.py); ``make fuzz`` runs 1000 per format and prints
 the summary table.
 """
@@ -16,22 +16,9 @@ import pytest
 from mooncake_columnar.testing.fuzz import FAILURE_OUTCOMES, failure_report, mutate, run_case, run_cases, summary_table
 from mooncake_columnar.testing.fuzz_formats import ETCD_ENV, FORMATS, V1_FIXTURES_ENV
 
-CASES = int(os.environ.get("MOONCAKE_FUZZ_CASES", "100"))
+CASES = int(os.environ.get("MOONCAKE_FUZZ_CASES", "200"))
 FIXTURES = Path(__file__).parent / "fixtures" / "mooncake_v1"
 
-# Formats whose remaining failures other changes of issue 13 fix (see the reasons); strict=False
-# until they are merged, then these entries go.
-_DOMAIN = "values outside the engine's domain reach it (ids/bases >= 2**63, sizes past the segment, overlapping extents)"
-KNOWN = {
-    "v2": f"{_DOMAIN}; fixed by the common domain checks (snapshots/state.py, store/arrow_io.py)",
-    "v1": f"{_DOMAIN}, a shard-map key collision drops a shard silently, untyped errors from the decoder; "
-          "fixed by the v1 decode (snapshots/mooncake_v1.py) and the common domain checks",
-    "standby": "a forged replicas.arrow segfaults the loader, untyped errors, invalid UTF-8 accepted; fixed by "
-               "the standby snapshot validation (snapshots/standby.py) and the common domain checks",
-    "oplog_wire": f"{_DOMAIN}; fixed by the common domain checks in ha/apply.py",
-    "file_store": f"{_DOMAIN}; fixed by the common domain checks in ha/apply.py",
-    "etcd_store": f"{_DOMAIN}; fixed by the common domain checks in ha/apply.py",
-}
 INTEGRITY_ERRORS = ("SnapshotDigestError", "OpLogChecksumError")
 
 
@@ -47,8 +34,7 @@ def fuzz_results(etcd) -> dict[str, list[dict]]:
     return results
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=False))
-                                  if n in KNOWN else n for n in FORMATS])
+@pytest.mark.parametrize("name", list(FORMATS))
 def test_fuzzed_format_is_refused_typed_or_loads_a_verified_engine(fuzz_results, name: str) -> None:
     results = fuzz_results[name]
     assert len(results) == CASES

@@ -198,7 +198,9 @@ def _read_ipc(data: bytes | pa.Buffer, schema: pa.Schema | tuple[pa.Schema, ...]
             column.validate(full=True)
         where = name
         table.validate()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, UnicodeDecodeError) as e:  # a field name not UTF-8
+    # any Arrow error (invalid, key, not implemented, a malloc sized by a forged length...); a
+    # field name that is not UTF-8
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         raise SnapshotPayloadError(f"{where}: not a complete, valid Arrow IPC file: {e}") from None
     check_table(table, schema, name)
     return table

@@ -45,6 +45,9 @@ from ..schema import (
 )
 
 MAX_PUT_START_MS = INT64_MAX // NS_PER_MS  # put start times whose ns still fit int64
+# Largest replica_next_id a state may carry: the engine's int64 id counter must never wrap (2**62
+# ids last 146 years at 10**9 puts/s), so a forged id near 2**63 cannot break every later put.
+MAX_REPLICA_NEXT_ID = 2**62
 
 
 def _canonical(schema: pa.Schema) -> pa.Schema:
@@ -153,7 +156,7 @@ class SnapshotState:
         * segments: names non-empty and unique; ``size`` > 0; ``base + size`` within int64;
           0 <= ``used`` <= ``size``.
         * replicas: ``object_index`` in range and each object's ``replica_count`` matched; ids in
-          [1, ``replica_next_id``) and unique, ``replica_next_id`` below 2**63; known status
+          [1, ``replica_next_id``) and unique, ``replica_next_id`` at most 2**62; known status
           (never UNDEFINED, the engine's empty slot) and kind; ``size`` equal to the object's
           ``size_bytes`` (the engine holds the object size at the offset); offsets >= 0; memory
           extents on a known segment, inside it, starting on its allocation unit (the
@@ -179,9 +182,9 @@ class SnapshotState:
             next_id = operator.index(self.replica_next_id)
         except TypeError:
             next_id = -1
-        if isinstance(self.replica_next_id, bool) or not 1 <= next_id <= INT64_MAX:
+        if isinstance(self.replica_next_id, bool) or not 1 <= next_id <= MAX_REPLICA_NEXT_ID:
             raise SnapshotFieldError("state", "replica_next_id", None,
-                                     f"{self.replica_next_id!r} is not in [1, 2**63)")
+                                     f"{self.replica_next_id!r} is not in [1, 2**62]")
         return next_id
 
     def _validate_objects(self, check_unique_keys: bool = True) -> None:
