@@ -12,6 +12,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+from .locking import MasterLock
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,10 @@ class BackgroundHealth:
 
 
 class BackgroundRunner:
-    def __init__(self, work: Callable[[], object], metrics: Metrics, name: str) -> None:
+    def __init__(self, work: Callable[[], object], metrics: Metrics, name: str,
+                 master_lock: MasterLock | None = None) -> None:
         self._work = work
+        self._master_lock = master_lock  # rounds are woken by its busy clients (locking.py)
         self._metrics = metrics
         self._name = name
         self._thread: threading.Thread | None = None
@@ -64,6 +67,8 @@ class BackgroundRunner:
         if self._thread is None:
             return
         self._stop.set()
+        if self._master_lock is not None:
+            self._master_lock.wake_due()
         self._thread.join()
         self._thread = None
 
@@ -87,7 +92,13 @@ class BackgroundRunner:
         return True
 
     def _loop(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
+        while True:
+            if self._master_lock is not None:
+                self._master_lock.sleep_until_due(interval_s)
+            else:
+                self._stop.wait(interval_s)
+            if self._stop.is_set():
+                return
             self.run_once()
 
     def health(self) -> BackgroundHealth:

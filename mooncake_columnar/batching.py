@@ -11,12 +11,11 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from .kernels import objects as ok
 from .locking import MasterLock
 from .messages import BatchResult
+from .service_views import ReplicaColumns, replica_table
 
 if TYPE_CHECKING:
     from .master import MasterService
@@ -118,19 +117,8 @@ def joined_codes(parts: list[tuple[int, np.ndarray]]) -> np.ndarray:
     return np.concatenate([a for _, a in parts])
 
 
-def joined_results(parts: list[tuple[int, BatchResult]]) -> BatchResult:
-    """One BatchResult from the chunks' results: codes in key order, replica tables with
-    ``key_index`` counted from the start of the whole batch."""
-    if len(parts) == 1:
-        return parts[0][1]
-    codes = np.concatenate([r.codes for _, r in parts])
-    if parts[0][1].replicas is None:
-        return BatchResult(codes)
-    tables = []
-    for lo, r in parts:
-        t = r.replicas
-        if lo and t.num_rows:
-            i = t.schema.get_field_index("key_index")
-            t = t.set_column(i, t.schema.field(i), pc.add(t.column(i), pa.scalar(lo, t.schema.field(i).type)))
-        tables.append(t)
-    return BatchResult(codes, pa.concat_tables(tables).combine_chunks())
+def joined_results(parts: list[tuple[int, tuple[np.ndarray, ReplicaColumns]]]) -> BatchResult:
+    """One BatchResult from the chunks' (codes, replica columns): codes in key order, and one
+    replica table, built here, outside the master lock."""
+    codes = joined_codes([(lo, c) for lo, (c, _) in parts])
+    return BatchResult(codes, replica_table([(lo, cols) for lo, (_, cols) in parts]))

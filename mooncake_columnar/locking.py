@@ -1,23 +1,25 @@
 """The master lock: reentrant, taken in turns by the client threads, without lock convoys.
 
-Every public ``MasterService`` call holds one lock. Under CPython's GIL a plain lock makes a
-*convoy* as soon as two threads contend: a release hands the lock to a sleeping waiter (the
-semaphore under a CPython lock is taken by the woken thread, before it has the GIL), the
-releaser comes back for its next call, finds the lock taken and sleeps in turn. Every call
-then costs two or more thread switches (measured: 4 threads doing mixed single-key calls
-reached 0.6-0.7x the calls/s of one thread). Waking threads is what costs here, so
-:class:`MasterLock` hands the lock over only at the end of a *turn*:
+Every public ``MasterService`` call holds one lock. Under CPython's GIL two things make a lock
+between busy threads expensive, and :class:`MasterLock` avoids both:
+
+* a *convoy*: a release hands a plain lock to a sleeping waiter (the semaphore under a CPython
+  lock is taken by the woken thread before it has the GIL); the releaser comes back for its
+  next call, finds the lock taken and sleeps in turn, so every call costs thread switches;
+* a *GIL storm*: a thread woken while another one runs Python waits for the GIL, and every
+  GIL release of the runner (NumPy drops it in most operations) wakes it again to lose the
+  race (the runner takes the GIL straight back), for as long as the runner does not block.
+  Measured with 4 threads of put/put_end/remove: 8,000 wake-ups per thread and second.
+
+So the lock changes hands only at the end of a *turn*, and a waiter is only woken by a thread
+that is about to leave the lock or to sleep itself:
 
 * a thread that finds the lock free takes it at once (one C ``acquire``), unless threads wait
   and the current turn is up (:data:`TURN_S` after it began);
-* a thread that finds it taken queues up on a private lock; nobody ever sleeps in the master
-  lock itself, so a release never hands it to a thread that still needs the GIL. The oldest
-  waiter wakes when the turn is up (it looks every :data:`POLL_S` before that, so a holder
-  that went idle early is not waited for long) and takes the lock; the others sleep until
-  they are the oldest;
-* the holder that leaves once its turn is up wakes the oldest waiter, and its own next call
-  queues behind the waiters. Threads thus take turns of a few milliseconds at a few switches
-  per turn;
+* a thread that finds it taken queues up on a private lock; nobody sleeps in the master lock
+  itself. Each waiter sleeps until the turns ahead of it are due, plus :data:`IDLE_SLACK_S`
+  (a holder that went idle); a busy holder wakes the oldest waiter when its turn is up, in
+  its next ``take`` (then it queues and sleeps) or ``leave``;
 * a batch call yields between its chunks (:meth:`MasterLock.yield_turn`): the waiting threads
   then get one call each, and the batch goes on after them, so a single get waits for about
   one chunk (:mod:`.batching`).
@@ -31,9 +33,14 @@ import _thread
 from time import monotonic
 
 TURN_S = 0.005      # a turn: once threads have waited this long, the holder queues behind them
-POLL_S = 0.001      # the oldest waiter looks whether the lock went idle at least this often
-WAIT_S = 0.05       # other waiters look again at least this often (a safety net: each is woken
-                    # when it becomes the oldest)
+IDLE_SLACK_S = 0.005  # a waiter wakes on its own this long after its turn was due (a holder
+                      # that went idle); one woken earlier would only fight a busy holder for the GIL
+MIN_SLEEP_S = 0.001  # an overdue waiter that is not the oldest sleeps at least this long
+WAIT_S = 0.05       # a waiter whose turn is due looks again at least this often (a safety net:
+                    # the holder wakes it when it leaves or sleeps)
+
+
+_NEVER = float("inf")
 
 
 def _wake(waiter: _thread.LockType) -> None:
@@ -52,6 +59,8 @@ class MasterLock(_thread.RLock):
         self._turn_start = 0.0                 # when the current turn began to count
         self._one_call = False                 # the turn is one call (a yielding batch waits)
         self._yielding = 0                     # batch calls queued by yield_turn
+        self._due_at = _NEVER                  # when the background thread wants its next round
+        self._due: _thread.LockType | None = None  # ... and the private lock it sleeps on
 
     def turn_up(self) -> bool:
         """True when threads wait and the current turn is used up: a thread about to take the
@@ -61,21 +70,52 @@ class MasterLock(_thread.RLock):
     def take(self) -> None:
         """Acquire: at once when free, unless threads wait and the turn is up; else in turn.
         What ``_locked`` and ``with lock:`` do."""
+        if self._due_at <= monotonic() and not self._is_owned():
+            self.wake_due()  # the background round goes first; this call waits until it is done
+            self._queue(yielding=False, first_look=False)
+            return
         if (not self.waiters or not self.turn_up()) and self.acquire(False):
             return
-        if self._is_owned():  # reentrant: never wait for oneself
+        elif self._is_owned():  # reentrant: never wait for oneself
             self.acquire()
             return
+        elif self.turn_up():  # the holder whose turn is over: the oldest waiter goes next
+            self._wake_head()
         self._queue(yielding=False)
 
-    def leave(self) -> None:
-        """Release; when the turn is up, wake the oldest waiter (the lock is its now)."""
+    def leave(self, *, going_idle: bool = False) -> None:
+        """Release; when the turn is up, or the caller says it will not be back soon (a
+        background round), wake the oldest waiter (the lock is its now)."""
         self.release()
-        if self.waiters and self.turn_up() and not self._is_owned():
-            with self._meta:
-                head = self.waiters[0] if self.waiters else None
-            if head is not None:
-                _wake(head)
+        if self.waiters and (going_idle or self.turn_up()) and not self._is_owned():
+            self._wake_head()
+
+    def _wake_head(self) -> None:
+        with self._meta:
+            head = self.waiters[0] if self.waiters else None
+        if head is not None:
+            _wake(head)
+
+    def sleep_until_due(self, interval_s: float) -> None:
+        """Sleep (a background thread) until ``interval_s`` from now. A busy client thread
+        wakes it when it is due, at the start of its next call, and queues behind it, so the
+        background thread never has to wrest the GIL from a busy client (see the module
+        docstring); with no client calling, it wakes on its own a while later."""
+        me = _thread.allocate_lock()
+        me.acquire()
+        with self._meta:
+            self._due, self._due_at = me, monotonic() + interval_s
+        me.acquire(True, interval_s + IDLE_SLACK_S)
+        with self._meta:
+            if self._due is me:
+                self._due, self._due_at = None, _NEVER
+
+    def wake_due(self) -> None:
+        """Wake the background thread sleeping in :meth:`sleep_until_due` now."""
+        with self._meta:
+            due, self._due, self._due_at = self._due, None, _NEVER
+        if due is not None:
+            _wake(due)
 
     def yield_turn(self) -> None:
         """Between two chunks of a batch call (the caller does not hold the lock): when threads
@@ -87,13 +127,17 @@ class MasterLock(_thread.RLock):
         with self._meta:
             self._one_call = True
             self._yielding += 1
-            head = self.waiters[0] if self.waiters else None
-        if head is not None:
-            _wake(head)
+        self._wake_head()
         self._queue(yielding=True)
 
-    def _queue(self, *, yielding: bool) -> None:
-        """Queue behind the waiting threads and block until this thread holds the lock."""
+    def _queue(self, *, yielding: bool, first_look: bool = True) -> None:
+        """Queue behind the waiting threads and block until this thread holds the lock.
+
+        A thread woken while another runs Python needs the GIL it cannot get: every GIL release
+        of the runner (NumPy drops it in most operations) wakes it again and it loses the race
+        (the runner takes the GIL straight back), for as long as the runner does not block. So
+        a waiter sleeps until the turns ahead of it are expected to be over, and is woken
+        early only by a thread about to leave the lock or to sleep itself."""
         me = _thread.allocate_lock()
         me.acquire()
         with self._meta:
@@ -101,14 +145,20 @@ class MasterLock(_thread.RLock):
                 self._turn_start = monotonic()  # the holder's turn counts from the first waiter
             self.waiters.append(me)
         try:
+            woken = first_look  # by a thread leaving the lock or going to sleep (first: it may be free)
             while True:
-                if self.waiters[0] is me:
-                    left = 0.0 if self._one_call else self._turn_start + TURN_S - monotonic()
-                    if self.acquire(False):  # the turn is up, or the holder went idle
+                ahead = self.waiters.index(me)
+                if ahead == 0 and (woken or self.turn_up()):
+                    if self.acquire(False):
                         break
-                    me.acquire(True, min(left, POLL_S) if left > 0 else WAIT_S)
-                else:
-                    me.acquire(True, WAIT_S)   # woken when it becomes the oldest
+                    if self.turn_up():  # the holder is in a call past its turn: its leave() wakes us
+                        woken = me.acquire(True, WAIT_S)
+                        continue
+                # the current turn and one per waiter ahead come first, and their holders wake
+                # this thread when they hand over; on its own it wakes a slack later (a holder
+                # that went idle): woken earlier, it would only fight a busy holder for the GIL
+                woken = me.acquire(True, max(MIN_SLEEP_S, self._turn_start + (ahead + 1) * TURN_S
+                                             + IDLE_SLACK_S - monotonic()))
         except BaseException:
             with self._meta:
                 self.waiters.remove(me)
@@ -120,9 +170,9 @@ class MasterLock(_thread.RLock):
             # this thread's turn; one call each while a yielding batch waits behind
             self._turn_start = monotonic()
             self._one_call = self._yielding > 0
-            head = self.waiters[0] if self.waiters else None
+            head = self.waiters[0] if self.waiters and self._one_call else None
         if head is not None:
-            _wake(head)  # the next oldest times this turn from now
+            _wake(head)  # one-call turns: the next waiter goes right after this call
 
     # ---- ``with lock:`` ------------------------------------------------------------------------
     def __enter__(self) -> bool:

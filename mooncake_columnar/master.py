@@ -44,7 +44,7 @@ from .schema import (
 from .service_discard import DiscardMixin
 from .service_offload import OffloadMixin
 from .service_segments import SegmentsMixin
-from .service_views import ViewsMixin
+from .service_views import ReplicaColumns, ViewsMixin
 from .store.inflight import InflightTable
 from .store.keys import KeyIndex, as_string_array, string_buffers
 from .store.objects import ObjectTable
@@ -95,7 +95,8 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self.offloads = OffloadQueue(config.offloading_queue_limit)
         self.eviction_armed = False
         # late-bound, so a tick wrapped or replaced on the instance is what the thread runs
-        self._background = BackgroundRunner(lambda: self.tick(), self.metrics, "mooncake-master-background")
+        self._background = BackgroundRunner(lambda: self.tick(), self.metrics, "mooncake-master-background",
+                                            self._lock)
         self._ok_clients: set[str] = set()
         self._client_deadline_ns: dict[str, int] = {}
         # Replicas of abandoned puts: space stays allocated until release_at (system ms), as upstream.
@@ -118,19 +119,23 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
     def lease_ttl_ns(self) -> int:
         return self.config.default_kv_lease_ttl_ms * NS_PER_MS
 
-    @_locked
     def tick(self) -> "ev.EvictionReport | None":
         """One round of background work: client expiry, eviction when triggered, expired puts
         and offloads, release of discarded space. The background thread calls this; tests call
-        it directly with ManualClocks."""
-        self._finish_durable_removals()
-        self.expire_clients()
-        now_ms = self.clocks.system_ns() // NS_PER_MS
-        self._discard_expired_puts(now_ms)
-        self._expire_offloads(now_ms)
-        report = self.evict()
-        self._release_discarded(now_ms)
-        return report
+        it directly with ManualClocks. One turn of the master lock, handed to the waiting
+        clients at once when done (the background thread sleeps until its next round)."""
+        self._lock.take()
+        try:
+            self._finish_durable_removals()
+            self.expire_clients()
+            now_ms = self.clocks.system_ns() // NS_PER_MS
+            self._discard_expired_puts(now_ms)
+            self._expire_offloads(now_ms)
+            report = self.evict()
+            self._release_discarded(now_ms)
+            return report
+        finally:
+            self._lock.leave(going_idle=True)
 
     def start(self, interval_s: float = 0.01) -> None:
         """Run tick() on a background thread every ``interval_s`` (upstream: 10 ms). A failing
@@ -262,9 +267,9 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         sizes = sizes.astype(np.int64)
         client = _require_str("client_id", client_id)
 
-        def chunk(lo: int, hi: int) -> BatchResult:
+        def chunk(lo: int, hi: int) -> tuple[np.ndarray, ReplicaColumns]:
             codes, rows = self._put_start(offsets[lo:hi + 1], data, sizes[lo:hi], client, config)
-            return BatchResult(codes, self._replica_table(np.flatnonzero(codes == 0), rows, readable_only=False))
+            return codes, self._replica_columns(np.flatnonzero(codes == 0), rows, readable_only=False)
 
         return joined_results(run_in_chunks(self._lock, len(arr), chunk))
 
@@ -498,8 +503,8 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
 
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))
-        return joined_results(read_in_chunks(self, offsets, data, tenant_id, lambda rows, codes: BatchResult(
-            codes, self._replica_table(np.arange(rows.size), rows, codes=codes, readable_only=True))))
+        return joined_results(read_in_chunks(self, offsets, data, tenant_id, lambda rows, codes: (
+            codes, self._replica_columns(np.arange(rows.size), rows, codes=codes, readable_only=True))))
 
     @_locked
     def exist_key(self, key: str, tenant_id: str = DEFAULT_TENANT) -> bool:

@@ -1,6 +1,7 @@
 """Read-only views of a MasterService: object_info, Arrow tables, state export/import, descriptors."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -147,6 +148,12 @@ class ViewsMixin:
     def _replica_table(self, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
                        codes: np.ndarray | None = None) -> pa.Table:
         """Flat replica descriptors of rows[batch_idx] (readable ones only, or all slots in use)."""
+        return self._replica_columns(batch_idx, rows, readable_only=readable_only, codes=codes).table()
+
+    def _replica_columns(self, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
+                         codes: np.ndarray | None = None) -> "ReplicaColumns":
+        """What ``_replica_table`` holds, as NumPy gathers (under the master lock); the Arrow
+        table is built from them later, outside it."""
         o = self.objects
         if codes is None:
             codes = np.zeros(rows.size, np.int32)
@@ -165,12 +172,44 @@ class ViewsMixin:
         names = [s.name if s else "" for s in infos] + [""]
         endpoints = [s.endpoint if s else "" for s in infos] + [""]
         bases = np.array([s.base if s else 0 for s in infos] + [0], np.int64)
-        return pa.table({
-            "key_index": ki,
-            "replica_id": o.replica_id[r, j],
-            "segment": pa.array(names, pa.string()).take(pa.array(seg_codes)),
-            "endpoint": pa.array(endpoints, pa.string()).take(pa.array(seg_codes)),
-            "address": bases[seg_codes] + o.replica_offset[r, j],
-            "size": o.size_bytes[r],
-        })
+        return ReplicaColumns(ki, o.replica_id[r, j], seg_codes, names, endpoints,
+                              bases[seg_codes] + o.replica_offset[r, j], o.size_bytes[r])
+
+
+@dataclass(frozen=True)
+class ReplicaColumns:
+    """Replica descriptors gathered under the lock: the columns of a replica table, segments
+    as codes into the ``names``/``endpoints`` of that moment."""
+
+    key_index: np.ndarray
+    replica_id: np.ndarray
+    segment_code: np.ndarray
+    names: list[str]
+    endpoints: list[str]
+    address: np.ndarray
+    size: np.ndarray
+
+    def table(self) -> pa.Table:
+        return replica_table([(0, self)])
+
+
+def replica_table(parts: list[tuple[int, ReplicaColumns]]) -> pa.Table:
+    """One replica table from chunks' columns, ``key_index`` counted from the start of the
+    whole batch (each part: the batch position of its first key, its columns)."""
+    names: list[str] = []
+    endpoints: list[str] = []
+    codes = []
+    for _, c in parts:  # per chunk, not per replica: segment codes into one joined name list
+        codes.append(c.segment_code + len(names))
+        names += c.names
+        endpoints += c.endpoints
+    joined = pa.array(np.concatenate(codes) if codes else np.empty(0, np.int64))
+    return pa.table({
+        "key_index": np.concatenate([c.key_index + lo for lo, c in parts]),
+        "replica_id": np.concatenate([c.replica_id for _, c in parts]),
+        "segment": pa.array(names, pa.string()).take(joined),
+        "endpoint": pa.array(endpoints, pa.string()).take(joined),
+        "address": np.concatenate([c.address for _, c in parts]),
+        "size": np.concatenate([c.size for _, c in parts]),
+    })
 

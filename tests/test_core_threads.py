@@ -254,7 +254,7 @@ def test_threads_master_lock_turns(monkeypatch: pytest.MonkeyPatch) -> None:
             time.sleep(0.001)
         assert lock.waiters, thread
 
-    # a holder that simply leaves: the oldest waiter (it looks every POLL_S) gets the lock
+    # a holder that simply leaves: the oldest waiter gets the lock once its turn is due
     got = threading.Event()
     lock.acquire()
     th = threading.Thread(target=lambda: (lock.take(), got.set(), lock.release()))
