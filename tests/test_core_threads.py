@@ -349,3 +349,25 @@ def test_threads_batch_read_looks_again_at_keys_changed_between_its_passes(
         assert result.codes.tolist() == [ErrorCode.OBJECT_NOT_FOUND if i == 3 else 0 for i in range(10)]
         assert 3 not in result.replicas.column("key_index").to_pylist()
         assert result.replicas.num_rows == 9
+
+
+def test_threads_background_round_hands_the_lock_back_to_a_busy_client() -> None:
+    """With the background thread running, a client calling back to back wakes each round at
+    its next call and gets the lock back as soon as the round is done: it is not held up for a
+    turn after every round (before: one ~10 ms stall per round, every 10 ms)."""
+    m = _master(10_000)
+    keys = synthetic_keys(0, 10_000).to_pylist()
+    m.start()
+    try:
+        stalls, calls = 0, 0
+        stop = time.monotonic() + 1.0
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            m.exist_key(keys[calls % len(keys)])
+            stalls += time.perf_counter() - t0 > locking.TURN_S
+            calls += 1
+        rounds = m.health().background.rounds
+    finally:
+        m.stop()
+    assert rounds >= 10 and m.health().background.failures == 0
+    assert stalls < rounds / 2, (stalls, rounds, calls)
