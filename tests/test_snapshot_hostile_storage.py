@@ -24,6 +24,7 @@ from mooncake_columnar.errors import (
     ManifestError,
     NoUsableSnapshot,
     SnapshotError,
+    SnapshotPublishError,
     SnapshotStorageUnavailable,
 )
 from mooncake_columnar.master import MasterService
@@ -494,3 +495,28 @@ def test_storage_error_on_a_newer_candidate_does_not_restore_an_older_one(
     monkeypatch.setattr(repo, "read_payloads", flaky)
     with pytest.raises(SnapshotStorageUnavailable, match=f"not restoring the older {older}"):
         _restore(repo, clocks)
+
+
+def test_planted_far_future_directory_still_sorts_below_the_next_complete_snapshot(tmp_path: Path) -> None:
+    """Complete snapshots take their ids from the same allocator as standby snapshots: the next
+    one sorts above a directory someone planted after the writer last listed, so a restart
+    restores what was written last, not the planted directory's neighbour."""
+    repo = SnapshotRepository(tmp_path)
+    _, clocks, (first,) = _snapshots(repo, 1)
+    m = restore_master(repo, clocks=clocks, config=CFG)[0]
+    planted = "20991231_235959_999"
+    (_cluster(tmp_path) / planted).mkdir()
+    second = SnapshotManager(m, repo, prefault=False).snapshot_now()
+    assert second > planted > first
+    assert restore_master(repo, clocks=clocks, config=CFG)[1].snapshot_id == second
+
+
+@pytest.mark.parametrize("planted", ["99991231_235959_999",   # a calendar time past int64 ns
+                                     "99999999_999999_998"])  # not a calendar time at all
+def test_planted_directory_above_every_calendar_id_refuses_the_next_snapshot(tmp_path: Path, planted: str) -> None:
+    """Nothing restore would accept sorts above it: the write is refused, naming it."""
+    repo = SnapshotRepository(tmp_path)
+    m, _, _ = _snapshots(repo, 1)
+    (_cluster(tmp_path) / planted).mkdir()
+    with pytest.raises(SnapshotPublishError, match=planted):
+        SnapshotManager(m, repo, prefault=False).snapshot_now()

@@ -360,9 +360,8 @@ def test_older_snapshot_behind_compacted_oplog_is_rejected_and_bootstrap_fails_t
 # --- snapshot ids ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("planted", ["99991231_235959_999",   # a calendar time past int64 ns
-                                     "20991231_235959_999",   # the far future
-                                     "99999999_999999_998"])  # not a calendar time at all
+@pytest.mark.parametrize("planted", ["20991231_235959_999",   # the far future
+                                     "22620411_000000_000"])  # near the end of int64 ns
 def test_planted_directory_with_a_huge_id_still_sorts_below_the_next_publish(
         tmp_path: Path, planted: str) -> None:
     clocks = ManualClocks()
@@ -377,10 +376,12 @@ def test_planted_directory_with_a_huge_id_still_sorts_below_the_next_publish(
     assert store.load_latest(notes)[0] == second and notes == []
 
 
-def test_no_id_sorts_above_the_largest_planted_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("planted", ["99991231_235959_999",   # a calendar time past int64 ns
+                                     "99999999_999999_998"])  # not a calendar time at all
+def test_no_id_sorts_above_a_planted_id_past_every_calendar_id(tmp_path: Path, planted: str) -> None:
     store = StandbySnapshotStore.open(str(tmp_path), "c")
-    (tmp_path / "c-standby" / "99999999_999999_999").mkdir(parents=True)
-    with pytest.raises(SnapshotPublishError, match="99999999_999999_999"):
+    (tmp_path / "c-standby" / planted).mkdir(parents=True)
+    with pytest.raises(SnapshotPublishError, match=planted):
         store.publish(standby_snapshot_of(small_primary(), 3), ManualClocks())
 
 

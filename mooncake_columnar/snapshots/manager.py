@@ -20,19 +20,18 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..clock import NS_PER_MS, Clocks
+from ..clock import Clocks
 from ..config import MasterConfig
 from ..errors import InvalidParams, NoUsableSnapshot, SnapshotStorageUnavailable
 from ..memory import FreeMemoryWarmer, prefault, warm_free_memory
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .arrow_codec import state_payloads
 from .complete import RestoreStats, max_granted_ttl_ns, restore_latest_with
-from .manifest import snapshot_id_for, v1_manifest, v2_manifest
+from .manifest import SnapshotIdAllocator, v1_manifest, v2_manifest
 from .mooncake_v1 import encode_v1
 from .repository import SnapshotRepository, stored_size
 from .state import SnapshotState
@@ -43,12 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _COMPRESSIONS = (None, "zstd", "lz4")
-
-
-def _id_ms(snapshot_id: str) -> int:
-    """Unix ms of a ``YYYYMMDD_HHMMSS_mmm`` id (UTC, as :func:`snapshot_id_for` writes it)."""
-    dt = datetime.strptime(snapshot_id[:15], "%Y%m%d_%H%M%S").replace(tzinfo=timezone.utc)
-    return int(dt.timestamp()) * 1000 + int(snapshot_id[16:])
 
 
 @dataclass
@@ -117,9 +110,7 @@ class SnapshotManager:
         self.compression = compression
         self.write_v1 = bool(write_v1)
         self.prefault = bool(prefault)
-        self._id_lock = threading.Lock()
-        self._last_id: str | None = None
-        self._id_initialized = False
+        self._ids = SnapshotIdAllocator(self.repo.list)
         # One worker: background snapshots publish in the order they were frozen.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-snapshot")
         self._stop = threading.Event()
@@ -151,18 +142,7 @@ class SnapshotManager:
                 self._spare_buffers = buffers
 
     def _next_id(self, system_ns: int) -> str:
-        """Upstream id of S0, bumped by 1 ms past the newest id seen if the wall clock did not
-        move forward (two snapshots in one ms, or a backward jump): ids order the candidates."""
-        sid = snapshot_id_for(system_ns)
-        with self._id_lock:
-            if not self._id_initialized:
-                existing = self.repo.list()
-                self._last_id = existing[0] if existing else None
-                self._id_initialized = True
-            if self._last_id is not None and sid <= self._last_id:
-                sid = snapshot_id_for((_id_ms(self._last_id) + 1) * NS_PER_MS)
-            self._last_id = sid
-        return sid
+        return self._ids.next_id(system_ns)
 
     def _encode_and_publish(self, frozen: FrozenColumns, system_ns: int, steady_ns: int,
                             buffers: _FreezeBuffers, t0: float) -> str:

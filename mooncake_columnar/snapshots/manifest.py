@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
-from ..errors import ManifestClockError, ManifestError
+from ..errors import ManifestClockError, ManifestError, SnapshotPublishError
 
 V1_TAG = "messagepack"
 V1_VERSION = "1.0.0"
@@ -199,3 +200,39 @@ def parse_manifest(data: str | bytes) -> SnapshotManifest:
                             parse_canonical_int64(parts[3], "system_now_ns"),
                             parse_canonical_int64(parts[4], "steady_now_ns"),
                             checksummed=len(parts) == 6)
+
+
+def id_after(snapshot_id: str) -> str:
+    """The id 1 ms after ``snapshot_id``. Restore checks a manifest's clock against its id's
+    calendar time, so an id that is not one (a planted non-calendar or past-2262 directory)
+    leaves nothing to write above it: refused, naming the directory to remove."""
+    ms = snapshot_id_ms(snapshot_id)
+    try:
+        if ms is not None:
+            return snapshot_id_for((ms + 1) * NS_PER_MS)
+    except ManifestError:  # past what int64 ns can express
+        pass
+    raise SnapshotPublishError(f"no snapshot id sorts above {snapshot_id}, which is not a calendar time "
+                               "int64 ns can express: remove that directory")
+
+
+class SnapshotIdAllocator:
+    """Ids for one writer of a repository: the wall-clock id, or the next id past the newest
+    one present if that is not newer. Ids order the candidates, so a new snapshot must sort
+    above every directory, also one planted with a far-future or non-calendar id; the
+    repository is listed each time (another writer may have added one since)."""
+
+    def __init__(self, list_ids) -> None:
+        self._list_ids = list_ids   # newest first, as SnapshotRepository.list
+        self._lock = threading.Lock()
+        self._last_id = ""  # the newest id handed out ("" sorts below every id)
+
+    def next_id(self, system_ns: int) -> str:
+        sid = snapshot_id_for(system_ns)
+        with self._lock:
+            existing = self._list_ids()
+            newest = max(existing[0] if existing else "", self._last_id)
+            if sid <= newest:
+                sid = id_after(newest)
+            self._last_id = sid
+        return sid

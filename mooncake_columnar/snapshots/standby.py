@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -41,14 +40,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..clock import NS_PER_MS, Clocks
+from ..clock import Clocks
 from ..errors import (
     ManifestError,
     NoUsableStandbySnapshot,
     SnapshotError,
     SnapshotIntegrityError,
     SnapshotPayloadError,
-    SnapshotPublishError,
     SnapshotStorageUnavailable,
     StandbySnapshotError,  # noqa: F401  (re-exported: it used to be defined here)
 )
@@ -62,7 +60,7 @@ from .arrow_codec import (
     digest_of,
     verify_digest,
 )
-from .manifest import is_valid_snapshot_id, snapshot_id_for, snapshot_id_ms
+from .manifest import SnapshotIdAllocator, is_valid_snapshot_id
 from .repository import SnapshotRepository
 from .state import check_table
 
@@ -247,26 +245,14 @@ class StandbySnapshotStore:
 
     def __init__(self, repo: SnapshotRepository) -> None:
         self.repo = repo
-        self._id_lock = threading.Lock()
-        self._last_id = ""  # the newest id this store published ("" sorts below every id)
+        self._ids = SnapshotIdAllocator(repo.list)
 
     @classmethod
     def open(cls, uri: str, cluster_id: str) -> StandbySnapshotStore:
         return cls(SnapshotRepository(uri, cluster_id + STANDBY_CLUSTER_SUFFIX))
 
     def _next_id(self, system_ns: int) -> str:
-        """The wall-clock id, or the next id past the newest one present if that is not newer:
-        ids order the candidates, so a new snapshot must sort above every directory, also one
-        planted with a far-future or non-calendar id. Lists the repository each time (another
-        writer may have added one since)."""
-        sid = snapshot_id_for(system_ns)
-        with self._id_lock:
-            existing = self.repo.list()
-            newest = max(existing[0] if existing else "", self._last_id)
-            if sid <= newest:
-                sid = _id_after(newest)
-            self._last_id = sid
-        return sid
+        return self._ids.next_id(system_ns)
 
     def publish(self, snapshot: StandbySnapshot, clocks: Clocks) -> str:
         """Payloads first, manifest (version + last_sequence_id) last; returns the snapshot id."""
@@ -323,17 +309,3 @@ class StandbySnapshotStore:
         return None
 
 
-def _id_after(snapshot_id: str) -> str:
-    """An id that sorts above ``snapshot_id``: 1 ms later when it is a calendar time int64 ns
-    can express, else its 17 digits plus one (a planted far-future or non-calendar id)."""
-    ms = snapshot_id_ms(snapshot_id)
-    if ms is not None:
-        try:
-            return snapshot_id_for((ms + 1) * NS_PER_MS)
-        except ManifestError:  # past what int64 ns can express
-            pass
-    digits = int(snapshot_id.replace("_", "")) + 1
-    if digits >= 10**17:
-        raise SnapshotPublishError(f"no snapshot id sorts above {snapshot_id}: remove that directory")
-    text = f"{digits:017d}"
-    return f"{text[:8]}_{text[8:14]}_{text[14:]}"
