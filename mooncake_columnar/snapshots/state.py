@@ -191,7 +191,10 @@ class SnapshotState:
         objs = self.objects
         if check_unique_keys and objs.num_rows:
             pairs = pa.table({"tenant": name_codes(objs.column("tenant"))[0], "key": objs.column("key")})
-            if pairs.group_by(["tenant", "key"]).aggregate([]).num_rows != objs.num_rows:
+            # use_threads=False: Acero's worker threads may drop the last reference to these
+            # NumPy-backed buffers after the call returns, and one doing so while the interpreter
+            # exits aborts the process ("terminate called without an active exception")
+            if pairs.group_by(["tenant", "key"], use_threads=False).aggregate([]).num_rows != objs.num_rows:
                 raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
         _check_range("objects", "size_bytes", _np(objs, "size_bytes"), 1, INT64_MAX)
         _check_range("objects", "put_start_time_ms", _np(objs, "put_start_time_ms"), 0, MAX_PUT_START_MS)
