@@ -164,6 +164,11 @@ def v2_forge(files: Corpus, variant: int, rng: random.Random) -> Mutation:
     return _with_digest(files, 2), f"{target}: {what} (digest recomputed)"
 
 
+# Objects the last snapshot load's cleanup dropped (puts without a COMPLETE replica: a mutated
+# status legitimately drops its object, and restore counts it): not a silent partial restore.
+cleanup_dropped = [0]
+
+
 def _snapshot_master(root: Path) -> MasterService:
     """restore_master's steps for the newest candidate, without its catch-all fallback (so the
     error type of a rejection is visible): decode, clean up, load, (caller) verify."""
@@ -173,7 +178,8 @@ def _snapshot_master(root: Path) -> MasterService:
     if not ids:
         raise NoUsableSnapshot("no candidate left")
     state, _, now_ns = decode_candidate(repo, ids[0], clocks(), check_unique_keys=False)
-    state, _ = cleanup_state(state, now_ns, drop_expired=False)
+    state, dropped = cleanup_state(state, now_ns, drop_expired=False)
+    cleanup_dropped[0] = dropped
     return MasterService.from_state(state, config=CONFIG, clocks=clocks(), segments_readable=True, validated=True)
 
 
