@@ -47,6 +47,9 @@ class MasterConfig:
     # HA primary: how long a change waits for oplog window space before it is refused
     # (UNAVAILABLE_IN_CURRENT_STATUS, nothing changed). The master lock is held meanwhile.
     oplog_admission_timeout_ms: int = 50
+    # Restore: the most bytes one payload file of an upstream (v1) snapshot may decompress to
+    # (each zstd frame is also capped at 64x its stored size); a candidate past it is refused.
+    snapshot_max_decompressed_bytes: int = 4 << 30
     # Offload-on-evict (upstream names; effective only with enable_offload).
     enable_offload: bool = False
     offload_on_evict: bool = False
@@ -72,6 +75,7 @@ class MasterConfig:
         _int_field(self, "offloading_queue_limit", 1, 100_000_000)
         _int_field(self, "max_replica_num", 1, 64)
         _int_field(self, "oplog_admission_timeout_ms", 0, 60_000)
+        _int_field(self, "snapshot_max_decompressed_bytes", 1, 1 << 40)
         for name in ("allow_evict_soft_pinned_objects", "enable_multi_tenants", "enable_offload",
                      "offload_on_evict", "offload_force_evict"):
             _require(isinstance(getattr(self, name), bool), name, "must be a bool")

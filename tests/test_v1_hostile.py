@@ -25,11 +25,14 @@ from mooncake_columnar.clock import NS_PER_S, ManualClocks
 from mooncake_columnar.errors import (
     InvalidParams,
     MooncakeError,
+    NoUsableSnapshot,
     SnapshotDecompressionLimit,
     SnapshotError,
     SnapshotPayloadFieldError,
 )
+from mooncake_columnar.config import MasterConfig
 from mooncake_columnar.master import MasterService
+from mooncake_columnar.snapshots.manager import restore_master
 from mooncake_columnar.snapshots.mooncake_v1 import (
     METADATA_FILE,
     SEGMENTS_FILE,
@@ -185,6 +188,18 @@ def test_configured_maximum_refuses_a_file_within_the_ratio() -> None:
     with pytest.raises(SnapshotDecompressionLimit,
                        match="task_manager: zstd frame: over the payload's cap"):
         _decode(payloads, max_decompressed_bytes=2 * MB)
+
+
+def test_restore_applies_the_configured_maximum(tmp_path: Path) -> None:
+    """MasterConfig.snapshot_max_decompressed_bytes reaches the v1 decoder of restore_master: a
+    maximum below the files' size refuses every candidate, typed; the default restores them."""
+    repo = SnapshotRepository(tmp_path)
+    _, clocks, (_, newer) = _snapshots(repo, 2, write_v1=True)
+    with pytest.raises(NoUsableSnapshot) as info:
+        restore_master(repo, clocks=clocks, config=MasterConfig(snapshot_max_decompressed_bytes=16))
+    assert all(isinstance(e, SnapshotDecompressionLimit) for _, e in info.value.stats.rejections)
+    assert len(info.value.stats.rejections) == 2
+    assert restore_master(repo, clocks=clocks, config=MasterConfig())[1].snapshot_id == newer
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "4096", True])

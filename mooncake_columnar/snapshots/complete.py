@@ -45,6 +45,7 @@ from .manifest import (
     v2_manifest,
 )
 from .mooncake_v1 import V1_FILES, decode_v1
+from .mooncake_v1_allocator import DEFAULT_MAX_DECOMPRESSED_BYTES
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
 
@@ -169,7 +170,8 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
 
 
 def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks, *,
-                     check_unique_keys: bool = True, max_ttl_ns: int | None = None
+                     check_unique_keys: bool = True, max_ttl_ns: int | None = None,
+                     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
                      ) -> tuple[SnapshotState, SnapshotManifest, int]:
     """Decode one candidate into the current steady domain; returns (state, manifest, C1).
 
@@ -178,7 +180,8 @@ def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks,
     decoded state is validated (by its decoder), and its deadlines may lie at most
     ``max_ttl_ns`` (default :func:`max_granted_ttl_ns`) past the clock they are measured on: a
     v2 manifest's steady time (else :class:`ManifestClockError`: a steady time moved back would
-    lengthen every lease), a v1 snapshot's converted deadlines past C1.
+    lengthen every lease), a v1 snapshot's converted deadlines past C1. A v1 payload file may
+    decompress to at most ``max_decompressed_bytes`` (besides its per-frame ratio cap).
     """
     restore_system_ns, restore_steady_ns = clocks.system_ns(), clocks.steady_ns()
     max_ttl_ns = max_granted_ttl_ns() if max_ttl_ns is None else max_ttl_ns
@@ -200,7 +203,7 @@ def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks,
     else:
         payloads = {k: bytes(v) for k, v in repo.read_payloads(snapshot_id, V1_FILES).items()}
         state = decode_v1(payloads, restore_system_ns=restore_system_ns,
-                          restore_steady_ns=restore_steady_ns)
+                          restore_steady_ns=restore_steady_ns, max_decompressed_bytes=max_decompressed_bytes)
         state.check_deadline_horizon(restore_steady_ns, max_ttl_ns)
     return state, manifest, restore_steady_ns
 
@@ -216,14 +219,15 @@ def restore_latest(repo: SnapshotRepository, clocks: Clocks, drop_expired: bool 
 
 def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
                         build: Callable[[SnapshotState], T], drop_expired: bool = True, *,
-                        build_checks_unique_keys: bool = False, max_ttl_ns: int | None = None
+                        build_checks_unique_keys: bool = False, max_ttl_ns: int | None = None,
+                        max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
                         ) -> tuple[T, SnapshotManifest, RestoreStats]:
     """:func:`restore_latest`, with ``build`` (e.g. rebuilding the engine) run on each cleaned
     candidate inside the candidate's failure scope: if ``build`` raises, the candidate fails as a
     whole and the next one is tried. The state ``build`` gets is validated already (cleanup keeps
     it so). ``build_checks_unique_keys``: the builder rejects duplicate (tenant, key) itself
     (MasterService.from_state does, while loading its key index). ``max_ttl_ns``: see
-    :func:`decode_candidate`. Each rejection is recorded typed in ``stats.rejections`` (and as
+    :func:`decode_candidate`, as ``max_decompressed_bytes``. Each rejection is recorded typed in ``stats.rejections`` (and as
     text in ``stats.failures``)."""
     stats = RestoreStats()
     for snapshot_id in repo.candidates():
@@ -231,7 +235,8 @@ def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
         try:
             state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks,
                                                        check_unique_keys=not build_checks_unique_keys,
-                                                       max_ttl_ns=max_ttl_ns)
+                                                       max_ttl_ns=max_ttl_ns,
+                                                       max_decompressed_bytes=max_decompressed_bytes)
             state, dropped = cleanup_state(state, now_ns, drop_expired)
             built = build(state)
         except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)

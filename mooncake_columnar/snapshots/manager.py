@@ -357,7 +357,8 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         master, manifest, stats = restore_latest_with(view, clocks, build,  # type: ignore[arg-type]
                                                       snapshot_restore_drop_expired,
                                                       build_checks_unique_keys=True,
-                                                      max_ttl_ns=max_granted_ttl_ns(config))
+                                                      max_ttl_ns=max_granted_ttl_ns(config),
+                                                      max_decompressed_bytes=config.snapshot_max_decompressed_bytes)
     except NoUsableSnapshot as e:
         e.stats = _with_notes(e.stats, view.notes) if isinstance(e.stats, RestoreStats) else e.stats
         if view.storage_errors:
