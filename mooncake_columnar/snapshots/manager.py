@@ -353,12 +353,13 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         master.verify()
         return master
 
+    limit = (config or MasterConfig()).snapshot_max_decompressed_bytes
     try:
         master, manifest, stats = restore_latest_with(view, clocks, build,  # type: ignore[arg-type]
                                                       snapshot_restore_drop_expired,
                                                       build_checks_unique_keys=True,
                                                       max_ttl_ns=max_granted_ttl_ns(config),
-                                                      max_decompressed_bytes=config.snapshot_max_decompressed_bytes)
+                                                      max_decompressed_bytes=limit)
     except NoUsableSnapshot as e:
         e.stats = _with_notes(e.stats, view.notes) if isinstance(e.stats, RestoreStats) else e.stats
         if view.storage_errors:
