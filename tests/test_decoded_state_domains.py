@@ -423,18 +423,6 @@ def test_apply_replica_id_zero_and_duplicate_ids_are_refused() -> None:
     _still_applies(m)
 
 
-def test_apply_replica_id_held_by_another_object_is_refused() -> None:
-    """"held" (entry 2) has replica id 2; another key's PUT_END reusing it would leave two
-    replicas with one id (the self-check refused the promoted engine). The same key's own id
-    comes back legitimately when the entry replaces it."""
-    m = _standby()
-    error = _refused(m, _put_entry(3, "fine", 4096), _put_entry(4, "steals", 8192, replica_id=2))
-    assert error.field == "replica_id" and error.sequence_id == 4 and "held by another object" in str(error)
-    apply_batch(m, OpLogBatch(5, (_put_entry(5, "held", 0, size=1000, replica_id=2),)))
-    m.verify()
-    _still_applies(m)
-
-
 def test_apply_extent_overlapping_one_the_standby_holds_is_refused() -> None:
     """Accepted, it used to block promote() later with a plain ValueError."""
     m = _standby()

@@ -133,7 +133,6 @@ def _apply_objects(m: "MasterService", run: OpLogColumns, seq0: int) -> None:
     offsets, data = string_buffers(keys)
     found = m.keys.lookup_batch(offsets, data, tenants)
     erased = found[found >= 0]
-    _check_ids_fresh(m, erased, run.replica_id[reps], puts[rep_put] + seq0)
     free_lists = _take_extents(m, erased, run, reps, puts[rep_put] + seq0)
     m._erase_rows(erased)  # from here on nothing raises: every check above passed
     for code, (st, ln) in free_lists.items():
@@ -170,23 +169,6 @@ def _check_puts(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.n
             i = int(memory[np.argmax(run.replica_segment[reps[memory]] == code)])
             raise OpLogInvalidEntry("replica_segment", f"PUT_END replica {int(run.replica_id[reps[i]])} is on "
                                     f"unknown segment {name!r}", seq0 + int(puts[rep_put[i]]))
-
-
-def _check_ids_fresh(m: "MasterService", erased: np.ndarray, ids: np.ndarray, rep_seq: np.ndarray) -> None:
-    """Replica ids are never reused: an id the engine already handed out (below its next id) may
-    only come back on the object it belongs to, which the run replaces (``erased``; a PUT_END
-    after its PUT_START). One held by another object would leave two replicas with one id."""
-    old = np.flatnonzero(ids < np.uint64(m.next_replica_id))
-    if old.size == 0:
-        return
-    o = m.objects
-    rows = o.chains(erased).rows
-    held = o.replica_id[rows][o.replica_status[rows] != 0]
-    bad = old[~np.isin(ids[old], held)]
-    if bad.size:
-        i = int(bad[0])
-        raise OpLogInvalidEntry("replica_id", f"PUT_END replica id {int(ids[i])} is held by another object",
-                                int(rep_seq[i]))
 
 
 def _validated_tables(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.ndarray,
