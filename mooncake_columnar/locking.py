@@ -159,14 +159,11 @@ class MasterLock(_thread.RLock):
                 # that went idle): woken earlier, it would only fight a busy holder for the GIL
                 woken = me.acquire(True, max(MIN_SLEEP_S, self._turn_start + (ahead + 1) * TURN_S
                                              + IDLE_SLACK_S - monotonic()))
-        except BaseException:
+        finally:
             with self._meta:
                 self.waiters.remove(me)
                 self._yielding -= yielding
-            raise
         with self._meta:
-            self.waiters.remove(me)
-            self._yielding -= yielding
             # this thread's turn; one call each while a yielding batch waits behind
             self._turn_start = monotonic()
             self._one_call = self._yielding > 0

@@ -145,15 +145,11 @@ class ViewsMixin:
                                          seg.base + int(o.replica_offset[row, j]), int(o.size_bytes[row]),
                                          readable))
 
-    def _replica_table(self, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
-                       codes: np.ndarray | None = None) -> pa.Table:
-        """Flat replica descriptors of rows[batch_idx] (readable ones only, or all slots in use)."""
-        return self._replica_columns(batch_idx, rows, readable_only=readable_only, codes=codes).table()
-
     def _replica_columns(self, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
                          codes: np.ndarray | None = None) -> "ReplicaColumns":
-        """What ``_replica_table`` holds, as NumPy gathers (under the master lock); the Arrow
-        table is built from them later, outside it."""
+        """Flat replica descriptors of rows[batch_idx] (readable ones only, or all slots in use),
+        as NumPy gathers under the master lock; :func:`replica_table` builds the Arrow table
+        from them later, outside it."""
         o = self.objects
         if codes is None:
             codes = np.zeros(rows.size, np.int32)
@@ -188,9 +184,6 @@ class ReplicaColumns:
     endpoints: list[str]
     address: np.ndarray
     size: np.ndarray
-
-    def table(self) -> pa.Table:
-        return replica_table([(0, self)])
 
 
 def replica_table(parts: list[tuple[int, ReplicaColumns]]) -> pa.Table:
