@@ -16,6 +16,7 @@ from .kernels import objects as ok
 from .locking import MasterLock
 from .messages import BatchResult
 from .service_views import ReplicaColumns, replica_table
+from .store.growth import StagedGrowth
 
 if TYPE_CHECKING:
     from .master import MasterService
@@ -30,14 +31,17 @@ MAX_CHUNK = 1 << 20
 
 def run_in_chunks(lock: MasterLock, n: int, step: Callable[[int, int], T], *,
                   target_s: float | None = None, first: int | None = None,
-                  bounds: list[int] | None = None) -> list[tuple[int, T]]:
+                  bounds: list[int] | None = None, reading: bool = False,
+                  before: Callable[[int, int], None] | None = None) -> list[tuple[int, T]]:
     """``[(lo, step(lo, hi)), ...]`` over consecutive ranges covering ``range(n)`` in order,
     each call under ``lock``; between calls the lock is released and handed to waiting threads.
 
     Chunk sizes adapt so that each call holds the lock about ``target_s``, unless ``bounds``
     gives the chunks' starts (those of an earlier pass). ``n == 0`` makes one call
     ``step(0, 0)``. A caller that already holds the lock (a batch call made inside another
-    locked call) keeps it throughout: the chunks then run back to back, as one call."""
+    locked call) keeps it throughout: the chunks then run back to back, as one call.
+    ``reading``: the steps only read (see :meth:`MasterLock.take`). ``before(lo, hi)`` runs
+    before each chunk takes the lock (it makes the chunk's room: ``_grow_ahead``)."""
     target_s = CHUNK_TARGET_S if target_s is None else target_s
     out: list[tuple[int, T]] = []
     lo, size = 0, max(1, FIRST_CHUNK if first is None else first)
@@ -47,12 +51,14 @@ def run_in_chunks(lock: MasterLock, n: int, step: Callable[[int, int], T], *,
         if bounds is not None:
             k = len(out) + 1
             hi = bounds[k] if k < len(bounds) else n
+        if before is not None:
+            before(lo, hi)
         if first_call:
-            lock.take()
+            lock.take(reading=reading)
         else:
             # between chunks the lock goes to whoever waits (a single get, typically), one
             # call each, and comes back once they are done
-            lock.yield_turn()
+            lock.yield_turn(reading=reading)
         try:
             t0 = perf_counter()
             out.append((lo, step(lo, hi)))
@@ -66,6 +72,40 @@ def run_in_chunks(lock: MasterLock, n: int, step: Callable[[int, int], T], *,
         want = size * target_s / max(held, 1e-6)
         size = int(min(MAX_CHUNK, max(MIN_CHUNK, size // 2, min(2 * size, want))))
         lo = hi
+
+
+def grow_ahead(m: "MasterService", rows: int, key_bytes: int) -> None:
+    """Before a batch chunk that may add ``rows`` objects with ``key_bytes`` of keys: make their
+    room (column growth, index rehash, arena growth or compaction) in steps taken in lock
+    turns of their own, readers going between them, not inside the chunk's one turn; a
+    mutating call in between finishes the steps first (store/growth.py)."""
+    lock = m._lock
+    lock.take()  # (finishes a growth another batch left pending)
+    try:
+        jobs = m.objects.growth_jobs(rows) + m.keys.growth_jobs(rows, key_bytes)
+        if not jobs:
+            return
+        staged = StagedGrowth(jobs)
+
+        def settle() -> None:
+            lock.settle = None  # first: a job that fails is dropped, the live state untouched
+            staged.settle()
+
+        lock.settle = settle
+        while True:
+            if lock.settle is not settle:  # a mutating call finished it meanwhile
+                return
+            try:
+                if staged.step():
+                    lock.settle = None
+                    return
+            except BaseException:
+                lock.settle = None
+                raise
+            lock.leave()
+            lock.yield_turn(reading=True)
+    finally:
+        lock.leave()
 
 
 def index_state(m: "MasterService") -> tuple:
@@ -93,7 +133,7 @@ def read_in_chunks(m: "MasterService", offsets: np.ndarray, data: np.ndarray, te
         rows[lo:hi] = m._lookup(offsets[lo:hi + 1], data, tenant_id)
         return index_state(m)
 
-    looked = run_in_chunks(m._lock, n, lookup)
+    looked = run_in_chunks(m._lock, n, lookup, reading=True)
     states = dict(looked)
 
     def classify(lo: int, hi: int) -> T:
@@ -107,7 +147,7 @@ def read_in_chunks(m: "MasterService", offsets: np.ndarray, data: np.ndarray, te
                           m.segments.readable, o.replica_more)
         return finish(r, codes)
 
-    return run_in_chunks(m._lock, n, classify, bounds=[lo for lo, _ in looked])
+    return run_in_chunks(m._lock, n, classify, bounds=[lo for lo, _ in looked], reading=True)
 
 
 def joined_codes(parts: list[tuple[int, np.ndarray]]) -> np.ndarray:

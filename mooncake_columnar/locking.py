@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import _thread
 from time import monotonic
+from typing import Callable
 
 TURN_S = 0.005      # a turn: once threads have waited this long, the holder queues behind them
 IDLE_SLACK_S = 0.005  # a waiter wakes on its own this long after its turn was due (a holder
@@ -61,15 +62,31 @@ class MasterLock(_thread.RLock):
         self._yielding = 0                     # batch calls queued by yield_turn
         self._due_at = _NEVER                  # when the background thread wants its next round
         self._due: _thread.LockType | None = None  # ... and the private lock it sleeps on
+        # what a call that may mutate the master runs first, once it holds the lock (unfinished
+        # staged growth, store/growth.py); None when nothing is pending
+        self.settle: Callable[[], None] | None = None
 
     def turn_up(self) -> bool:
         """True when threads wait and the current turn is used up: a thread about to take the
         lock queues behind them instead."""
         return bool(self.waiters) and (self._one_call or monotonic() - self._turn_start >= TURN_S)
 
-    def take(self) -> None:
+    def take(self, *, reading: bool = False) -> None:
         """Acquire: at once when free, unless threads wait and the turn is up; else in turn.
-        What ``_locked`` and ``with lock:`` do."""
+        What ``_locked`` and ``with lock:`` do. Unless the caller only ``reading`` (it may
+        grant leases), pending work the master must finish before it changes runs first."""
+        self._take()
+        if self.settle is not None and not reading:
+            self._settle()
+
+    def _settle(self) -> None:
+        try:
+            self.settle()
+        except BaseException:
+            self.leave()  # the caller's try/finally has not begun
+            raise
+
+    def _take(self) -> None:
         if self._due_at <= monotonic() and not self._is_owned():
             self.wake_due()  # the background round goes first; this call waits until it is done
             self._queue(yielding=False, first_look=False)
@@ -117,18 +134,20 @@ class MasterLock(_thread.RLock):
         if due is not None:
             _wake(due)
 
-    def yield_turn(self) -> None:
+    def yield_turn(self, *, reading: bool = False) -> None:
         """Between two chunks of a batch call (the caller does not hold the lock): when threads
         wait, end the current turn, let each waiter make one call, then take the lock back;
-        else take it at once."""
+        else take it at once. ``reading`` as in :meth:`take`."""
         if not self.waiters or self._is_owned():  # (an outer call holding it keeps it)
-            self.take()
+            self.take(reading=reading)
             return
         with self._meta:
             self._one_call = True
             self._yielding += 1
         self._wake_head()
         self._queue(yielding=True)
+        if self.settle is not None and not reading:
+            self._settle()
 
     def _queue(self, *, yielding: bool, first_look: bool = True) -> None:
         """Queue behind the waiting threads and block until this thread holds the lock.

@@ -22,7 +22,7 @@ from .kernels import objects as ok
 from .kernels.erase_guard import first_not_erasable
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .ha.journal import Journal, finalize_removed
-from .batching import joined_codes, joined_results, read_in_chunks, run_in_chunks
+from .batching import grow_ahead, joined_codes, joined_results, read_in_chunks, run_in_chunks
 from .integrity import verify_engine
 from .locking import MasterLock
 from .warmup import warm_up_kernels
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 from .validation import (
     _COMPLETE,
     _locked,
+    _locked_reading,
     _raise_code,
     _require_bool,
     _require_int,
@@ -271,7 +272,9 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             codes, rows = self._put_start(offsets[lo:hi + 1], data, sizes[lo:hi], client, config)
             return codes, self._replica_columns(np.flatnonzero(codes == 0), rows, readable_only=False)
 
-        return joined_results(run_in_chunks(self._lock, len(arr), chunk))
+        return joined_results(run_in_chunks(
+            self._lock, len(arr), chunk,
+            before=lambda lo, hi: grow_ahead(self, hi - lo, int(offsets[hi] - offsets[lo]))))
 
     def _put_start(self, offsets: np.ndarray, data: np.ndarray, sizes: np.ndarray, client: str,
                    config: ReplicateConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -487,7 +490,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self._erase_rows(np.array([row], np.int64))
 
     # ================================================================================ reads
-    @_locked
+    @_locked_reading
     def get_replica_list(self, key: str, tenant_id: str = DEFAULT_TENANT) -> list[ReplicaDescriptor]:
         """Readable replicas of the object; grants the read lease (group rule)."""
         k = key if type(key) is str and key and key.isascii() else _require_str("key", key)
@@ -506,7 +509,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         return joined_results(read_in_chunks(self, offsets, data, tenant_id, lambda rows, codes: (
             codes, self._replica_columns(np.arange(rows.size), rows, codes=codes, readable_only=True))))
 
-    @_locked
+    @_locked_reading
     def exist_key(self, key: str, tenant_id: str = DEFAULT_TENANT) -> bool:
         """True when a readable replica exists (and then the read lease is granted)."""
         offsets, data = _single_key(key)

@@ -5,6 +5,7 @@ import numpy as np
 from numba import njit
 
 from .hashing import key_ref, ref_length, ref_offset
+from .predicates import is_live
 
 
 @njit(cache=True)
@@ -22,9 +23,19 @@ def gather_keys(arena, key_refs, rows):
     return offsets, data
 
 
-@njit(cache=True)
-def rebase_refs(key_refs, rows, new_offsets):
-    """Point ``rows`` at their keys' new arena offsets after compaction."""
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        key_refs[r] = key_ref(new_offsets[i], ref_length(key_refs[r]))
+@njit(nogil=True, cache=True)
+def compact_rows(arena, key_refs, flags, lo, hi, new_arena, pos, new_refs):
+    """Arena compaction of rows ``[lo, hi)``: the key of each LIVE row (the rows the key index
+    holds) is copied to ``new_arena`` from ``pos`` on and its new ref written to ``new_refs``;
+    other rows keep their ref. Returns the new end of ``new_arena``'s used bytes."""
+    for r in range(lo, hi):
+        ref = key_refs[r]
+        if is_live(flags[r]):
+            n = ref_length(ref)
+            s = ref_offset(ref)
+            new_arena[pos:pos + n] = arena[s:s + n]
+            new_refs[r] = key_ref(pos, n)
+            pos += n
+        else:
+            new_refs[r] = ref
+    return pos

@@ -451,3 +451,18 @@ def insert_rows_unique(table, rows, arena, key_refs, row_tenant):
                 return b + t
             fill_slot(table, slot, hs[t], r)
     return -1
+
+
+@njit(nogil=True, cache=True)
+def rehash_slots(old, lo, hi, new):
+    """Insert the entries of ``old[lo:hi]`` into the larger table ``new`` by their stored tags:
+    a slot keeps the top bits of its key's hash, and the home slot derives from them, so a
+    table grows without reading a key (store/growth.py)."""
+    mask = new.shape[0] - 1
+    for s in range(lo, hi):
+        v = old[s]
+        if v >= 0:
+            i = (v >> 32) & mask
+            while new[i] >= 0:
+                i = (i + 1) & mask
+            new[i] = v

@@ -6,11 +6,15 @@ Dead key bytes are reclaimed by compaction once they are the majority of the are
 """
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 
 from ..kernels import arena as arena_k
 from ..kernels import hashing as hk
+from .growth import ArenaCompaction, ArenaGrowth, GrowthJob, TableRehash, run_job
 from .objects import ObjectTable
 
 _MAX_LOAD = 0.7
@@ -56,23 +60,27 @@ class KeyIndex:
     # ---- mutation ----------------------------------------------------------------------------
     def reserve(self, extra_keys: int, extra_bytes: int) -> None:
         """Grow the table and arena so a batch of this size needs no reallocation in a kernel."""
-        if (self.count + extra_keys) > _MAX_LOAD * self.table.shape[0]:
-            cap = self.table.shape[0]
-            while (self.count + extra_keys) > _MAX_LOAD * cap:
-                cap *= 2
-            self._rebuild(cap)
+        for make in self.growth_jobs(extra_keys, extra_bytes):
+            run_job(make())
+
+    def growth_jobs(self, extra_keys: int, extra_bytes: int) -> list[Callable[[], GrowthJob]]:
+        """What :meth:`reserve` would do, as jobs to run in steps (store/growth.py)."""
+        jobs: list[Callable[[], GrowthJob]] = []
+        cap = self.table.shape[0]
+        while (self.count + extra_keys) > _MAX_LOAD * cap:
+            cap *= 2
+        if cap > self.table.shape[0]:
+            jobs.append(partial(TableRehash, self, cap))
         need = self.arena_used + extra_bytes
         if need > self.arena.shape[0]:
-            if self.arena_garbage > self.arena_used // 2:
-                self._compact_arena()
-                need = self.arena_used + extra_bytes
-            if need > self.arena.shape[0]:
-                cap = self.arena.shape[0]
-                while cap < need:
-                    cap *= 2
-                grown = np.empty(cap, np.uint8)
-                grown[: self.arena_used] = self.arena[: self.arena_used]
-                self.arena = grown
+            compact = self.arena_garbage > self.arena_used // 2
+            if compact:
+                need -= self.arena_garbage
+            cap = self.arena.shape[0]
+            while cap < need:
+                cap *= 2
+            jobs.append(partial(ArenaCompaction if compact else ArenaGrowth, self, cap))
+        return jobs
 
     def note_inserted(self, count: int, arena_used: int) -> None:
         """Book-keeping after a kernel inserted keys directly (see kernels.objects.insert_new_puts)."""
@@ -97,20 +105,5 @@ class KeyIndex:
         return self.table.nbytes
 
     # ---- maintenance -------------------------------------------------------------------------
-    def _rebuild(self, capacity: int) -> None:
-        o = self.objects
-        rows = hk.slot_rows(self.table)
-        table = np.full(capacity, hk.EMPTY_SLOT, np.int64)
-        hk.insert_rows(table, rows, self.arena, o.key_ref, o.tenant)
-        self.table = table
-
     def _compact_arena(self) -> None:
-        o = self.objects
-        rows = hk.slot_rows(self.table)
-        offsets, data = arena_k.gather_keys(self.arena, o.key_ref, rows)
-        arena = np.empty(max(self.arena.shape[0], data.size), np.uint8)
-        arena[: data.size] = data
-        arena_k.rebase_refs(o.key_ref, rows, offsets[:-1])
-        self.arena = arena
-        self.arena_used = int(data.size)
-        self.arena_garbage = 0
+        run_job(ArenaCompaction(self, self.arena.shape[0]))

@@ -9,10 +9,13 @@ its own bytes, not rows x its width.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import numpy as np
 
 from ..kernels import chains as ck
+from .growth import ColumnGrowth, GrowthJob, run_job
 from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, NO_DEADLINE,
                       OBJECT_COLUMNS, REPLICA_COLUMNS)
 
@@ -67,25 +70,18 @@ class ObjectTable:
     # ---- growth ------------------------------------------------------------------------------
     def reserve(self, extra: int) -> None:
         """Make room for ``extra`` more rows without reallocating inside a kernel."""
+        for make in self.growth_jobs(extra):
+            run_job(make())
+
+    def growth_jobs(self, extra: int) -> list[Callable[[], GrowthJob]]:
+        """What :meth:`reserve` would do, as jobs to run in steps (store/growth.py)."""
         need = self.high_water + max(0, extra - self.free_count)
         if need <= self.capacity:
-            return
+            return []
         cap = self.capacity
         while cap < need:
             cap *= 2
-        for name, dt in OBJECT_COLUMNS.items():
-            old = getattr(self, name)
-            new = np.empty(cap, dt)  # untouched pages stay non-resident until rows are used
-            new[: self.high_water] = old[: self.high_water]
-            setattr(self, name, new)
-        for name, dt in REPLICA_COLUMNS.items():
-            old = getattr(self, name)
-            new = np.empty((cap, self.slots), dt)
-            new[: self.high_water] = old[: self.high_water]
-            setattr(self, name, new)
-        if self.replica_more.size:
-            self.replica_more = np.concatenate((self.replica_more, np.full(cap - self.capacity, -1, np.int32)))
-        self.capacity = cap
+        return [partial(ColumnGrowth, self, cap)]
 
     def ensure_slots(self, slots: int) -> None:
         if slots <= self.slots:

@@ -1,0 +1,171 @@
+"""Growth of the object columns and the key index, done in steps.
+
+Doubling the columns, rehashing the index table, growing or compacting the key arena: each
+copies the whole structure (at 1M keys 40-420 ms). A batch that ran one inside its chunk held
+the master lock that long, and every reader waited. Growth is therefore a sequence of *jobs*,
+each building a new buffer from the live one in bounded steps and swapping it in at the end:
+
+* a step only reads the live structures and writes the new buffer, so readers (get, exist)
+  may run between steps: :meth:`MasterService._grow_ahead` runs them in lock turns of their
+  own before a batch chunk;
+* anything that mutates the master finishes the remaining steps first (the master lock's
+  ``settle`` hook), so a live structure never changes while a job copies it; readers do write
+  lease deadlines and the group-refresh flag, and those two columns are copied again at the
+  swap;
+* nothing live changes before the swap, so a job that fails (out of memory) is dropped and
+  leaves the master as it was.
+
+``reserve`` on the tables runs the same jobs to completion at once (one path per concept).
+"""
+from __future__ import annotations
+
+from time import perf_counter
+from typing import TYPE_CHECKING, Callable, Protocol
+
+import numpy as np
+
+from ..kernels import arena as arena_k
+from ..kernels import hashing as hk
+from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
+
+if TYPE_CHECKING:
+    from .keys import KeyIndex
+    from .objects import ObjectTable
+
+STEP_S = 0.002  # a step holds the master lock about this long
+_FIRST_UNITS = 1 << 16
+
+
+class GrowthJob(Protocol):
+    units: int  # rows, slots or bytes to copy in all
+
+    def step(self, lo: int, hi: int) -> None: ...  # copy units [lo, hi) into the new buffer
+
+    def finish(self) -> None: ...                  # swap the new buffer in (cannot fail)
+
+
+def run_job(job: GrowthJob) -> None:
+    """All of ``job`` at once."""
+    job.step(0, job.units)
+    job.finish()
+
+
+class ColumnGrowth:
+    """The object columns at a larger capacity (rows beyond the high-water mark stay
+    uninitialised: their pages are not touched until rows are taken)."""
+
+    _READER_WRITTEN = ("lease_deadline_ns", "flags")  # read leases write these (kernels/leases.py)
+
+    def __init__(self, objects: "ObjectTable", capacity: int) -> None:
+        self.objects, self.capacity = objects, capacity
+        self.units = objects.high_water
+        self.new = {name: np.empty(capacity, dt) for name, dt in OBJECT_COLUMNS.items()}
+        self.new.update({name: np.empty((capacity, objects.slots), dt) for name, dt in REPLICA_COLUMNS.items()})
+
+    def step(self, lo: int, hi: int) -> None:
+        for name, col in self.new.items():
+            col[lo:hi] = getattr(self.objects, name)[lo:hi]
+
+    def finish(self) -> None:
+        o, hw = self.objects, self.units
+        for name in self._READER_WRITTEN:
+            self.new[name][:hw] = getattr(o, name)[:hw]
+        for name, col in self.new.items():
+            setattr(o, name, col)
+        if o.replica_more.size:
+            o.replica_more = np.concatenate((o.replica_more, np.full(self.capacity - o.capacity, -1, np.int32)))
+        o.capacity = self.capacity
+
+
+class TableRehash:
+    """The key index's slot table at a larger power-of-two size, filled by the stored tags."""
+
+    def __init__(self, keys: "KeyIndex", capacity: int) -> None:
+        self.keys = keys
+        self.units = keys.table.shape[0]
+        self.new = np.full(capacity, hk.EMPTY_SLOT, np.int64)
+
+    def step(self, lo: int, hi: int) -> None:
+        hk.rehash_slots(self.keys.table, lo, hi, self.new)
+
+    def finish(self) -> None:
+        self.keys.table = self.new
+
+
+class ArenaGrowth:
+    """The key arena in a larger buffer. The arena is append-only between compactions, and no
+    key is appended while a job runs, so its used bytes are copied as they are."""
+
+    def __init__(self, keys: "KeyIndex", capacity: int) -> None:
+        self.keys = keys
+        self.units = keys.arena_used
+        self.new = np.empty(capacity, np.uint8)
+
+    def step(self, lo: int, hi: int) -> None:
+        self.new[lo:hi] = self.keys.arena[lo:hi]
+
+    def finish(self) -> None:
+        self.keys.arena = self.new
+
+
+class ArenaCompaction:
+    """The keys of the LIVE rows, row by row, into a new arena of ``capacity`` bytes, and a new
+    ``key_ref`` column pointing at them (the old arena stays intact: a frozen snapshot may still
+    read it)."""
+
+    def __init__(self, keys: "KeyIndex", capacity: int) -> None:
+        self.keys, o = keys, keys.objects
+        self.units = o.high_water
+        self.new = np.empty(capacity, np.uint8)
+        self.refs = np.empty(o.capacity, np.int64)
+        self.used = 0
+
+    def step(self, lo: int, hi: int) -> None:
+        o = self.keys.objects
+        self.used = int(arena_k.compact_rows(self.keys.arena, o.key_ref, o.flags, lo, hi,
+                                             self.new, self.used, self.refs))
+
+    def finish(self) -> None:
+        k = self.keys
+        k.objects.key_ref = self.refs
+        k.arena, k.arena_used, k.arena_garbage = self.new, self.used, 0
+
+
+class StagedGrowth:
+    """Jobs run one after another in steps of about :data:`STEP_S` each."""
+
+    def __init__(self, jobs: list[Callable[[], GrowthJob]]) -> None:
+        self.jobs = list(jobs)  # callables making each job when its turn comes (it sees what
+                                # the jobs before it swapped in: a larger capacity)
+        self.job: GrowthJob | None = None
+        self.done_units = 0
+        self.units_per_step = _FIRST_UNITS
+
+    def step(self, budget_s: float = STEP_S) -> bool:
+        """One step of the current job; True once every job is done and swapped in."""
+        while self.job is None:
+            if not self.jobs:
+                return True
+            self.job, self.done_units = self.jobs.pop(0)(), 0
+        job = self.job
+        t0 = perf_counter()
+        hi = min(job.units, self.done_units + self.units_per_step)
+        job.step(self.done_units, hi)
+        took = perf_counter() - t0
+        # aim the next step at the budget, moving by at most 2x (one slow step is often noise)
+        want = self.units_per_step * budget_s / max(took, 1e-6)
+        self.units_per_step = int(max(1024, self.units_per_step // 2, min(2 * self.units_per_step, want)))
+        self.done_units = hi
+        if hi >= job.units:
+            job.finish()
+            self.job = None
+        return not self.jobs and self.job is None
+
+    def settle(self) -> None:
+        """Every remaining step at once."""
+        if self.job is not None:
+            self.job.step(self.done_units, self.job.units)
+            self.job.finish()
+            self.job = None
+        while self.jobs:
+            run_job(self.jobs.pop(0)())
