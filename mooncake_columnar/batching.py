@@ -76,13 +76,13 @@ def run_in_chunks(lock: MasterLock, n: int, step: Callable[[int, int], T], *,
 
 def grow_ahead(m: "MasterService", rows: int, key_bytes: int) -> None:
     """Before a batch chunk that may add ``rows`` objects with ``key_bytes`` of keys: make their
-    room (column growth, index rehash, arena growth or compaction) in steps taken in lock
+    room (column growth, index rehash, arena growth or compaction, in-flight slots) in steps taken in lock
     turns of their own, readers going between them, not inside the chunk's one turn; a
     mutating call in between finishes the steps first (store/growth.py)."""
     lock = m._lock
     lock.take()  # (finishes a growth another batch left pending)
     try:
-        jobs = m.objects.growth_jobs(rows) + m.keys.growth_jobs(rows, key_bytes)
+        jobs = m.objects.growth_jobs(rows) + m.keys.growth_jobs(rows, key_bytes) + m.inflight.growth_jobs(rows)
         if not jobs:
             return
         staged = StagedGrowth(jobs)

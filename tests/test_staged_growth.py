@@ -54,6 +54,7 @@ def test_grow_ahead_builds_what_a_one_shot_growth_builds(small_steps: list[int])
     direct.keys.reserve(40_000, extra_bytes)
     assert len(small_steps) > 10
     assert staged.objects.capacity == direct.objects.capacity >= 40_000
+    assert staged.inflight.free_count >= 40_000
     assert staged.keys.table.shape == direct.keys.table.shape
     assert _key_table_contents(staged) == _key_table_contents(direct)
     live = staged.objects.live_rows()

@@ -29,6 +29,7 @@ from ..kernels import hashing as hk
 from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
 
 if TYPE_CHECKING:
+    from .inflight import InflightTable
     from .keys import KeyIndex
     from .objects import ObjectTable
 
@@ -129,6 +130,31 @@ class ArenaCompaction:
         k = self.keys
         k.objects.key_ref = self.refs
         k.arena, k.arena_used, k.arena_garbage = self.new, self.used, 0
+
+
+class InflightGrowth:
+    """The in-flight table at a larger capacity, its new slots on top of the free stack."""
+
+    _FILL = {"put_start_time_ms": 0, "pending_soft_pin_ttl_ns": 0, "in_use": False, "row": -1}
+
+    def __init__(self, inflight: "InflightTable", capacity: int) -> None:
+        self.inflight, self.capacity = inflight, capacity
+        self.units = inflight.capacity
+        self.new = {name: np.full(capacity, fill, getattr(inflight, name).dtype) for name, fill in self._FILL.items()}
+
+    def step(self, lo: int, hi: int) -> None:
+        for name, col in self.new.items():
+            col[lo:hi] = getattr(self.inflight, name)[lo:hi]
+
+    def finish(self) -> None:
+        t, old = self.inflight, self.units
+        free = np.empty(self.capacity, np.int64)
+        free[: t.free_count] = t.free_slots[: t.free_count]
+        free[t.free_count: t.free_count + self.capacity - old] = np.arange(self.capacity - 1, old - 1, -1)
+        for name, col in self.new.items():
+            setattr(t, name, col)
+        t.free_slots = free
+        t.free_count += self.capacity - old
 
 
 class StagedGrowth:

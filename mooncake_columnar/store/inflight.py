@@ -8,7 +8,12 @@ a slot, so a recycled slot never reaches a row that already let go of it.
 """
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 import numpy as np
+
+from .growth import GrowthJob, InflightGrowth, run_job
 
 _SHRINK_ABOVE = 4096  # slots kept when no put is in flight
 _NONE_IN_FLIGHT = 2**63 - 1
@@ -84,17 +89,11 @@ class InflightTable:
         return (self.put_start_time_ms.nbytes + self.pending_soft_pin_ttl_ns.nbytes + self.in_use.nbytes
                 + self.row.nbytes + self.free_slots.nbytes)
 
+    def growth_jobs(self, extra: int) -> list[Callable[[], GrowthJob]]:
+        """What ``take`` of ``extra`` more slots would grow, as jobs to run in steps (store/growth.py)."""
+        if extra <= self.free_count:
+            return []
+        return [partial(InflightGrowth, self, max(2 * self.capacity, self.capacity + extra - self.free_count))]
+
     def _grow(self, extra: int) -> None:
-        old = self.capacity
-        cap = max(2 * old, old + extra)
-        for name, fill in (("put_start_time_ms", 0), ("pending_soft_pin_ttl_ns", 0), ("in_use", False),
-                           ("row", -1)):
-            grown = np.full(cap, fill, getattr(self, name).dtype)
-            grown[:old] = getattr(self, name)
-            setattr(self, name, grown)
-        free = np.empty(cap, np.int64)
-        free[: self.free_count] = self.free_slots[: self.free_count]
-        new_slots = np.arange(cap - 1, old - 1, -1, dtype=np.int64)
-        free[self.free_count: self.free_count + new_slots.size] = new_slots
-        self.free_slots = free
-        self.free_count += new_slots.size
+        run_job(InflightGrowth(self, max(2 * self.capacity, self.capacity + extra)))
