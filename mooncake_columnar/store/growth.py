@@ -39,6 +39,7 @@ _FIRST_UNITS = 1 << 16
 
 class GrowthJob(Protocol):
     units: int  # rows, slots or bytes to copy in all
+    phase_starts: tuple[int, ...]  # units where the cost per unit changes (a step stops there)
 
     def step(self, lo: int, hi: int) -> None: ...  # copy units [lo, hi) into the new buffer
 
@@ -54,6 +55,8 @@ def run_job(job: GrowthJob) -> None:
 class ColumnGrowth:
     """The object columns at a larger capacity (rows beyond the high-water mark stay
     uninitialised: their pages are not touched until rows are taken)."""
+
+    phase_starts: tuple[int, ...] = ()
 
     _READER_WRITTEN = ("lease_deadline_ns", "flags")  # read leases write these (kernels/leases.py)
 
@@ -79,15 +82,21 @@ class ColumnGrowth:
 
 
 class TableRehash:
-    """The key index's slot table at a larger power-of-two size, filled by the stored tags."""
+    """The key index's slot table at a larger power-of-two size: first emptied, then filled by
+    the stored tags (units: the new slots to empty, then the old slots to rehash)."""
 
     def __init__(self, keys: "KeyIndex", capacity: int) -> None:
-        self.keys = keys
-        self.units = keys.table.shape[0]
-        self.new = np.full(capacity, hk.EMPTY_SLOT, np.int64)
+        self.keys, self.capacity = keys, capacity
+        self.units = capacity + keys.table.shape[0]
+        self.phase_starts = (capacity,)
+        self.new = np.empty(capacity, np.int64)  # untouched until a step (a fill costs ms)
 
     def step(self, lo: int, hi: int) -> None:
-        hk.rehash_slots(self.keys.table, lo, hi, self.new)
+        cap = self.capacity
+        if lo < cap:
+            self.new[lo:min(hi, cap)] = hk.EMPTY_SLOT
+        if hi > cap:
+            hk.rehash_slots(self.keys.table, max(lo, cap) - cap, hi - cap, self.new)
 
     def finish(self) -> None:
         self.keys.table = self.new
@@ -96,6 +105,8 @@ class TableRehash:
 class ArenaGrowth:
     """The key arena in a larger buffer. The arena is append-only between compactions, and no
     key is appended while a job runs, so its used bytes are copied as they are."""
+
+    phase_starts: tuple[int, ...] = ()
 
     def __init__(self, keys: "KeyIndex", capacity: int) -> None:
         self.keys = keys
@@ -113,6 +124,8 @@ class ArenaCompaction:
     """The keys of the LIVE rows, row by row, into a new arena of ``capacity`` bytes, and a new
     ``key_ref`` column pointing at them (the old arena stays intact: a frozen snapshot may still
     read it)."""
+
+    phase_starts: tuple[int, ...] = ()
 
     def __init__(self, keys: "KeyIndex", capacity: int) -> None:
         self.keys, o = keys, keys.objects
@@ -133,28 +146,32 @@ class ArenaCompaction:
 
 
 class InflightGrowth:
-    """The in-flight table at a larger capacity, its new slots on top of the free stack."""
+    """The in-flight table at a larger capacity (units: its slots, the old ones copied, the new
+    ones set free), the new slots on top of the free stack."""
+
+    phase_starts: tuple[int, ...] = ()
 
     _FILL = {"put_start_time_ms": 0, "pending_soft_pin_ttl_ns": 0, "in_use": False, "row": -1}
 
     def __init__(self, inflight: "InflightTable", capacity: int) -> None:
-        self.inflight, self.capacity = inflight, capacity
-        self.units = inflight.capacity
-        self.new = {name: np.full(capacity, fill, getattr(inflight, name).dtype) for name, fill in self._FILL.items()}
+        self.inflight, self.units, self.old = inflight, capacity, inflight.capacity
+        self.new = {name: np.empty(capacity, getattr(inflight, name).dtype) for name in self._FILL}
 
     def step(self, lo: int, hi: int) -> None:
+        cut = min(max(lo, self.old), hi)
         for name, col in self.new.items():
-            col[lo:hi] = getattr(self.inflight, name)[lo:hi]
+            col[lo:cut] = getattr(self.inflight, name)[lo:cut]
+            col[cut:hi] = self._FILL[name]
 
     def finish(self) -> None:
-        t, old = self.inflight, self.units
-        free = np.empty(self.capacity, np.int64)
+        t, old, cap = self.inflight, self.old, self.units
+        free = np.empty(cap, np.int64)
         free[: t.free_count] = t.free_slots[: t.free_count]
-        free[t.free_count: t.free_count + self.capacity - old] = np.arange(self.capacity - 1, old - 1, -1)
+        free[t.free_count: t.free_count + cap - old] = np.arange(cap - 1, old - 1, -1)
         for name, col in self.new.items():
             setattr(t, name, col)
         t.free_slots = free
-        t.free_count += self.capacity - old
+        t.free_count += cap - old
 
 
 class StagedGrowth:
@@ -176,15 +193,20 @@ class StagedGrowth:
         job = self.job
         t0 = perf_counter()
         hi = min(job.units, self.done_units + self.units_per_step)
+        phase = next((cut for cut in job.phase_starts if self.done_units < cut <= hi), None)
+        hi = hi if phase is None else phase
         job.step(self.done_units, hi)
         took = perf_counter() - t0
-        # aim the next step at the budget, moving by at most 2x (one slow step is often noise)
+        # aim the next step at the budget, moving by at most 2x (one slow step is often noise);
+        # a new phase or job costs another amount per unit: start small again
         want = self.units_per_step * budget_s / max(took, 1e-6)
         self.units_per_step = int(max(1024, self.units_per_step // 2, min(2 * self.units_per_step, want)))
         self.done_units = hi
+        if phase is not None:
+            self.units_per_step = _FIRST_UNITS
         if hi >= job.units:
             job.finish()
-            self.job = None
+            self.job, self.units_per_step = None, _FIRST_UNITS
         return not self.jobs and self.job is None
 
     def settle(self) -> None:
