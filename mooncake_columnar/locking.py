@@ -71,11 +71,13 @@ class MasterLock(_thread.RLock):
         lock queues behind them instead."""
         return bool(self.waiters) and (self._one_call or monotonic() - self._turn_start >= TURN_S)
 
-    def take(self, *, reading: bool = False) -> None:
+    def take(self, *, reading: bool = False, first: bool = False) -> None:
         """Acquire: at once when free, unless threads wait and the turn is up; else in turn.
         What ``_locked`` and ``with lock:`` do. Unless the caller only ``reading`` (it may
-        grant leases), pending work the master must finish before it changes runs first."""
-        self._take()
+        grant leases), pending work the master must finish before it changes runs first.
+        ``first``: the background round, which a client woke and waits for: it goes before
+        the waiting threads."""
+        self._take(first)
         if self.settle is not None and not reading:
             self._settle()
 
@@ -86,19 +88,19 @@ class MasterLock(_thread.RLock):
             self.leave()  # the caller's try/finally has not begun
             raise
 
-    def _take(self) -> None:
+    def _take(self, first: bool) -> None:
         if self._due_at <= monotonic() and not self._is_owned():
             self.wake_due()  # the background round goes first; this call waits until it is done
             self._queue(yielding=False, first_look=False)
             return
-        if (not self.waiters or not self.turn_up()) and self.acquire(False):
+        if (first or not self.waiters or not self.turn_up()) and self.acquire(False):
             return
         elif self._is_owned():  # reentrant: never wait for oneself
             self.acquire()
             return
-        elif self.turn_up():  # the holder whose turn is over: the oldest waiter goes next
+        elif self.turn_up() and not first:  # the holder whose turn is over: the oldest waiter goes next
             self._wake_head()
-        self._queue(yielding=False)
+        self._queue(yielding=False, first=first)
 
     def leave(self, *, going_idle: bool = False) -> None:
         """Release; when the turn is up, or the caller says it will not be back soon (a
@@ -149,7 +151,7 @@ class MasterLock(_thread.RLock):
         if self.settle is not None and not reading:
             self._settle()
 
-    def _queue(self, *, yielding: bool, first_look: bool = True) -> None:
+    def _queue(self, *, yielding: bool, first_look: bool = True, first: bool = False) -> None:
         """Queue behind the waiting threads and block until this thread holds the lock.
 
         A thread woken while another runs Python needs the GIL it cannot get: every GIL release
@@ -162,7 +164,7 @@ class MasterLock(_thread.RLock):
         with self._meta:
             if not self.waiters:
                 self._turn_start = monotonic()  # the holder's turn counts from the first waiter
-            self.waiters.append(me)
+            self.waiters.insert(0, me) if first else self.waiters.append(me)
         try:
             woken = first_look  # by a thread leaving the lock or going to sleep (first: it may be free)
             while True:

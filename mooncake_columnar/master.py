@@ -123,9 +123,10 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
     def tick(self) -> "ev.EvictionReport | None":
         """One round of background work: client expiry, eviction when triggered, expired puts
         and offloads, release of discarded space. The background thread calls this; tests call
-        it directly with ManualClocks. One turn of the master lock, handed to the waiting
-        clients at once when done (the background thread sleeps until its next round)."""
-        self._lock.take()
+        it directly with ManualClocks. One turn of the master lock, before the waiting clients
+        (the one that woke the round waits for it), handed to them at once when done (the
+        background thread sleeps until its next round)."""
+        self._lock.take(first=True)
         try:
             self._finish_durable_removals()
             self.expire_clients()
