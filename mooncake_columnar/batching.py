@@ -108,6 +108,14 @@ def grow_ahead(m: "MasterService", rows: int, key_bytes: int) -> None:
         lock.leave()
 
 
+def grow_if_short(m: "MasterService", rows: int, key_bytes: int) -> None:
+    """:func:`grow_ahead` when some table is short of room for ``rows`` more objects; read
+    without the lock (a hint: the call still grows whatever is left under the lock). For single
+    puts: the one that crosses a threshold at 10M objects would copy ~1 GB in its turn."""
+    if m.objects.growth_jobs(rows) or m.keys.growth_jobs(rows, key_bytes) or m.inflight.growth_jobs(rows):
+        grow_ahead(m, rows, key_bytes)
+
+
 def index_state(m: "MasterService") -> tuple:
     """A value that changes whenever a key may have entered or left ``m``'s key index (and
     when the index is rebuilt). A row is only recycled by erasing its object and putting

@@ -22,7 +22,7 @@ from .kernels import objects as ok
 from .kernels.erase_guard import first_not_erasable
 from .messages import DEFAULT_TENANT, BatchResult, ReplicaDescriptor, ReplicateConfig
 from .ha.journal import Journal, finalize_removed
-from .batching import grow_ahead, joined_codes, joined_results, read_in_chunks, run_in_chunks
+from .batching import grow_ahead, grow_if_short, joined_codes, joined_results, read_in_chunks, run_in_chunks
 from .integrity import verify_engine
 from .locking import MasterLock
 from .warmup import warm_up_kernels
@@ -245,10 +245,16 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
             raise InvalidParams(f"soft_pin_ttl_ms {ttl} exceeds max_kv_soft_pin_ttl_ms")
         return ttl
 
-    @_locked
     def put_start(self, key: str, size: int, *, client_id: str,
                   config: ReplicateConfig = ReplicateConfig()) -> list[ReplicaDescriptor]:
         """Allocate PROCESSING replicas for a new object; returns their descriptors."""
+        if type(key) is str:  # a put that crosses a growth threshold grows in steps first
+            grow_if_short(self, 1, 4 * len(key))
+        return self._put_start_one(key, size, client_id, config)
+
+    @_locked
+    def _put_start_one(self, key: str, size: int, client_id: str,
+                       config: ReplicateConfig) -> list[ReplicaDescriptor]:
         offsets, data = _single_key(key)
         size = _require_int("size", size, 1)
         codes, rows = self._put_start(offsets, data, np.array([size], np.int64),

@@ -184,3 +184,15 @@ def test_rehash_by_stored_tags_finds_every_key() -> None:
 def _many(keys) -> tuple[np.ndarray, np.ndarray]:
     from mooncake_columnar.store.keys import as_string_array, string_buffers
     return string_buffers(as_string_array(keys))
+
+
+def test_a_single_put_that_crosses_a_growth_threshold_grows_in_steps(small_steps: list[int]) -> None:
+    m = MasterService(MasterConfig(), clocks=ManualClocks(), initial_capacity=16)
+    mount_segments(m, 1, 1 << 30)
+    fill(m, 3000, object_bytes=4096)  # batches: the tables are sized to what they hold
+    small_steps.clear()
+    for i in range(m.objects.capacity - m.objects.high_water + 1):
+        m.put_start(f"single-{i}", 4096, client_id=CLIENT)
+    assert small_steps, "the put that needed a row beyond the capacity grew in steps"
+    assert m._lock.settle is None
+    m.verify()
