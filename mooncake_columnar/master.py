@@ -51,6 +51,7 @@ from .store.objects import ObjectTable
 from .store.segments import SegmentTable
 from .store.strings import StringDictionary
 if TYPE_CHECKING:
+    from .ha.replica_ids import ReplicaIdIndex
     from .ha.writer import OpLogWriter
 from .validation import (
     _COMPLETE,
@@ -87,6 +88,9 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         self._group_names: list[str] = []
         self.group_head = np.full(16, -1, np.int64)
         self.next_replica_id = 1
+        # a standby container only: the replica ids its objects hold, kept by oplog apply
+        # (ha/replica_ids.py); None on a serving master
+        self.standby_replica_ids: "ReplicaIdIndex | None" = None
         self.metrics = Metrics()
         # HA primary: operations go to the oplog writer; removals free space only once durable
         self.journal = self._journal_for(journal) if journal is not None else None

@@ -423,6 +423,86 @@ def test_apply_replica_id_zero_and_duplicate_ids_are_refused() -> None:
     _still_applies(m)
 
 
+def _wide_put(seq: int, key: str, replicas: list[tuple[int, str, int]], *, size: int = 100) -> OpLogEntry:
+    """A PUT_END with several replicas (replica id, segment, offset): past the engine's one slot
+    per row they live in continuation rows."""
+    reps = tuple(ReplicaDescriptor(rid, 0, seg, off, size, int(ReplicaStatus.COMPLETE)) for rid, seg, off in replicas)
+    return OpLogEntry(seq, OpType.PUT_END, "default", key, PutEndPayload("c0", size, reps, 0, "", False, False))
+
+
+def _apply(m: MasterService, *entries: OpLogEntry) -> None:
+    apply_batch(m, OpLogBatch(entries[0].sequence_id, entries))
+    m.verify()  # the engine self-check, the standby's replica-id index against the columns included
+
+
+def test_apply_replica_id_held_by_another_object_is_refused() -> None:
+    """"held" (entry 2) has replica id 2; another key's PUT_END reusing it would leave two
+    replicas with one id (accepted, only verify() and promotion caught it)."""
+    m = _standby()
+    error = _refused(m, _put_entry(3, "fine", 4096), _put_entry(4, "steals", 8192, replica_id=2))
+    assert error.field == "replica_id" and error.sequence_id == 4 and "held by another object" in str(error)
+    _still_applies(m)
+
+
+def test_apply_replica_id_held_in_a_continuation_row_is_refused() -> None:
+    """A wide object's later replicas live in continuation rows: their ids are held all the same."""
+    m = _standby()
+    _apply(m, _wide_put(3, "wide", [(30, "seg0", 8192), (31, "seg0", 12288), (32, "seg0", 16384)]))
+    error = _refused(m, _put_entry(4, "steals", 20480, replica_id=32))
+    assert error.field == "replica_id" and error.sequence_id == 4
+    _still_applies(m)
+
+
+def test_apply_replica_id_shared_by_two_inserts_of_one_run_is_refused() -> None:
+    """Even an id the run frees (the removed "held" had id 2) goes to one insert only."""
+    m = _standby()
+    error = _refused(m, OpLogEntry(3, OpType.REMOVE, "default", "held"), _put_entry(4, "a", 4096, replica_id=2),
+                     _put_entry(5, "b", 8192, replica_id=2))
+    assert error.field == "replica_id" and error.sequence_id in (4, 5)
+    assert _refused(m, _put_entry(3, "a", 4096, replica_id=40), _put_entry(4, "b", 8192, replica_id=40)).field \
+        == "replica_id"
+    _still_applies(m)
+
+
+def test_apply_accepts_fresh_ids_below_the_next_id() -> None:
+    """PUT_ENDs arrive in the order puts end: a put that started earlier ends later, with an id
+    below the standby's next id that nobody holds."""
+    m = _standby()
+    _apply(m, _put_entry(3, "late_start", 4096, replica_id=100), _put_entry(4, "early_start", 8192, replica_id=50))
+    assert m.next_replica_id == 101
+    _apply(m, _put_entry(5, "earliest_start", 12288, replica_id=7))
+    assert m.object_count() == 4 and m.next_replica_id == 101
+
+
+def test_apply_reuses_the_ids_of_a_key_it_replaces_or_removes() -> None:
+    """The replaced or removed object's ids are free again: in the same run (the key itself or
+    another key) and in a later batch."""
+    m = _standby()
+    _apply(m, _put_entry(3, "held", 0, size=1000, replica_id=2))  # the key replaced, its own id back
+    _apply(m, OpLogEntry(4, OpType.REMOVE, "default", "held"), _put_entry(5, "other", 0, replica_id=2))
+    _apply(m, _wide_put(6, "wide", [(60, "seg0", 4096), (61, "seg0", 8192)]))
+    _apply(m, OpLogEntry(7, OpType.REMOVE, "default", "wide"))
+    _apply(m, _put_entry(8, "later", 4096, replica_id=61), _put_entry(9, "later2", 8192, replica_id=60))
+    _apply(m, _put_entry(10, "later", 0, replica_id=2), OpLogEntry(11, OpType.REMOVE, "default", "other"))
+    assert sorted(m.to_arrow().column("key").to_pylist()) == ["later", "later2"]
+    _still_applies(m)
+
+
+def test_apply_reuses_the_ids_a_segment_unmount_dropped() -> None:
+    """Unmounting seg1 drops the replicas on it (an object left with none goes): their ids are
+    free again, in the same batch after the unmount and later; the replica kept on seg0 keeps
+    its id."""
+    m = _standby()
+    seg1 = SegmentPayload("seg1", "10.0.0.2:1", SEG_SIZE, "c1")
+    _apply(m, OpLogEntry(3, OpType.SEGMENT_MOUNT, "default", "seg1", seg1),
+           _wide_put(4, "both", [(40, "seg0", 16384), (41, "seg1", 0)]), _wide_put(5, "only1", [(50, "seg1", 8192)]))
+    _apply(m, OpLogEntry(6, OpType.SEGMENT_UNMOUNT, "default", "seg1", seg1), _put_entry(7, "x", 8192, replica_id=41))
+    assert _refused(m, _put_entry(8, "steals", 12288, replica_id=40)).sequence_id == 8  # still held by "both"
+    _apply(m, _put_entry(8, "y", 12288, replica_id=50))
+    assert sorted(m.to_arrow().column("key").to_pylist()) == ["both", "held", "x", "y"]
+    _still_applies(m)
+
+
 def test_apply_extent_overlapping_one_the_standby_holds_is_refused() -> None:
     """Accepted, it used to block promote() later with a plain ValueError."""
     m = _standby()

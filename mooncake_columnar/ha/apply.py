@@ -12,7 +12,10 @@ unit-aligned) and their extents are taken from the segments' free lists, which a
 on the standby (the engine's frees skip segments that take no allocations): an extent that
 overlaps one the standby already holds, or another of the run, is refused, typed
 (:class:`~mooncake_columnar.errors.OpLogInvalidEntry`, naming the entry), and the standby is left
-as it was before the run.
+as it was before the run. Likewise a replica id that another object holds (the standby's
+replica-id index, :mod:`.replica_ids`, less the ids of the objects the run erases or replaces)
+or that two inserts of the run share. Apply keeps that index exact: every path by which it
+changes the held replicas (the run's erase and insert, a segment unmount) updates it.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from numba import njit
 
 from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, SnapshotFieldError
 from ..kernels import allocation as ak
+from ..kernels import id_set
 from ..schema import (KIND_MEMORY, NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA,
                       SEGMENTS_ARROW_SCHEMA, ST_COMPLETE)
 from ..snapshots.state import SnapshotState
@@ -31,6 +35,7 @@ from ..store.arrow_io import append_objects
 from ..store.keys import string_buffers
 from ..store.segments import Segment
 from .oplog import OpLogBatch, OpLogColumns, OpType, SegmentPayload
+from .replica_ids import ReplicaIdIndex, held_ids
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -45,16 +50,25 @@ _I64_MAX = 2**63 - 1
 def apply_batch(m: "MasterService", batch: OpLogBatch) -> None:
     """Apply ``batch`` in order. Raises OpLogError (fail closed) on an entry that cannot be
     applied, e.g. a replica on a segment the standby never saw mounted."""
+    ids = replica_id_index(m)
     cols, first = batch.columns, batch.first_sequence_id
     start = 0
     for payload, row in zip(cols.segments, cols.segment_rows.tolist()):
-        _apply_objects(m, cols.slice(start, row), first + start)
-        _apply_segment(m, first + row, OpType(int(cols.op[row])), payload)
+        _apply_objects(m, ids, cols.slice(start, row), first + start)
+        _apply_segment(m, ids, first + row, OpType(int(cols.op[row])), payload)
         start = row + 1
-    _apply_objects(m, cols.slice(start, len(cols)), first + start)
+    _apply_objects(m, ids, cols.slice(start, len(cols)), first + start)
 
 
-def _apply_segment(m: "MasterService", seq: int, op: OpType, p: SegmentPayload) -> None:
+def replica_id_index(m: "MasterService") -> ReplicaIdIndex:
+    """The container's replica-id index; built from its columns on first use (the standby builds
+    it when it loads its container: this serves containers made elsewhere, e.g. by tests)."""
+    if m.standby_replica_ids is None:
+        m.standby_replica_ids = ReplicaIdIndex.of_master(m)
+    return m.standby_replica_ids
+
+
+def _apply_segment(m: "MasterService", ids: ReplicaIdIndex, seq: int, op: OpType, p: SegmentPayload) -> None:
     if op == OpType.SEGMENT_MOUNT:
         if not 1 <= p.capacity <= _I64_MAX - STANDBY_SEGMENT_BASE:  # base + size within int64
             raise OpLogInvalidEntry("capacity", f"SEGMENT_MOUNT {p.name!r} capacity {p.capacity} is outside "
@@ -68,7 +82,12 @@ def _apply_segment(m: "MasterService", seq: int, op: OpType, p: SegmentPayload) 
     else:
         code = m.segments.code(p.name)
         if code >= 0:
+            o, hw = m.objects, m.objects.high_water
+            on_seg = ((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == KIND_MEMORY)
+                      & (o.replica_status[:hw] != 0))  # the slots the unmount drops
+            dropped = o.replica_id[:hw][on_seg]
             m._unmount_codes([code])
+            ids.replace(dropped, dropped[:0])
 
 
 @njit(cache=True)
@@ -106,7 +125,7 @@ def _last_of_each_key(tenants: np.ndarray, offsets: np.ndarray, data: np.ndarray
     return last
 
 
-def _apply_objects(m: "MasterService", run: OpLogColumns, seq0: int) -> None:
+def _apply_objects(m: "MasterService", ids: ReplicaIdIndex, run: OpLogColumns, seq0: int) -> None:
     """One run of PUT_END / REMOVE rows (row i is sequence id ``seq0 + i``): validate, delete
     every key it names, insert the last PUT_END of each key. Nothing is mutated when validation
     fails."""
@@ -133,15 +152,17 @@ def _apply_objects(m: "MasterService", run: OpLogColumns, seq0: int) -> None:
     offsets, data = string_buffers(keys)
     found = m.keys.lookup_batch(offsets, data, tenants)
     erased = found[found >= 0]
-    free_lists = _take_extents(m, erased, run, reps, puts[rep_put] + seq0)
+    freed, new_ids, rep_seq = held_ids(m.objects, erased), run.replica_id[reps], puts[rep_put] + seq0
+    _check_ids_free(ids, freed, new_ids, rep_seq)
+    free_lists = _take_extents(m, erased, run, reps, rep_seq)
     m._erase_rows(erased)  # from here on nothing raises: every check above passed
     for code, (st, ln) in free_lists.items():
         m.segments.install_allocator(code, st, ln, int(m.segments.capacity[code]) - int(ln.sum()))
     if tables is not None:
         append_objects(m, *tables)
-        ids = run.replica_id[reps]
-        if ids.size:
-            m.next_replica_id = max(m.next_replica_id, int(ids.max()) + 1)
+        if new_ids.size:
+            m.next_replica_id = max(m.next_replica_id, int(new_ids.max()) + 1)
+    ids.replace(freed, new_ids)
 
 
 def _check_puts(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.ndarray, reps: np.ndarray,
@@ -169,6 +190,16 @@ def _check_puts(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.n
             i = int(memory[np.argmax(run.replica_segment[reps[memory]] == code)])
             raise OpLogInvalidEntry("replica_segment", f"PUT_END replica {int(run.replica_id[reps[i]])} is on "
                                     f"unknown segment {name!r}", seq0 + int(puts[rep_put[i]]))
+
+
+def _check_ids_free(ids: ReplicaIdIndex, freed: np.ndarray, new_ids: np.ndarray, rep_seq: np.ndarray) -> None:
+    """Replica ids are unique among held replicas: a new one may be any id no object holds once
+    the run's erased objects (``freed``: the ids they held) are gone, whatever its order against
+    the next id (PUT_ENDs arrive in the order puts end). ``rep_seq``: each id's sequence id."""
+    k, why = ids.first_taken(new_ids, freed)
+    if k >= 0:
+        what = "held by another object" if why == id_set.TAKEN_HELD else "used twice in this batch"
+        raise OpLogInvalidEntry("replica_id", f"PUT_END replica id {int(new_ids[k])} is {what}", int(rep_seq[k]))
 
 
 def _validated_tables(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.ndarray,

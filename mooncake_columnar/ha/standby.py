@@ -63,6 +63,7 @@ from ..snapshots.state import SnapshotState, with_usage
 from ..warmup import warm_up_kernels
 from .apply import STANDBY_SEGMENT_BASE, apply_batch
 from .oplog import OpLogBatch
+from .replica_ids import ReplicaIdIndex
 from .writer import OpLogWriter
 from .stores import OpLogStore
 
@@ -140,7 +141,8 @@ def master_of_standby(snap: StandbySnapshot, *, config: MasterConfig | None = No
                       clocks: Clocks) -> MasterService:
     """A fresh container master holding a decoded standby snapshot: its engine state passes
     SnapshotState.validate (extent overlaps included), the key index and the engine self-check
-    (``MasterService.verify``); any failure raises a typed error and leaves no engine behind."""
+    (``MasterService.verify``); any failure raises a typed error and leaves no engine behind.
+    The container gets its replica-id index (ha/replica_ids.py), which oplog apply keeps."""
     state = state_of_standby(snap).validate(check_unique_keys=False, check_overlaps=True)
     try:
         master = MasterService.from_state(state, config=config, clocks=clocks, segments_readable=False,
@@ -149,7 +151,8 @@ def master_of_standby(snap: StandbySnapshot, *, config: MasterConfig | None = No
         if isinstance(exc, MooncakeError):      # share an allocation unit: validation let them through
             raise
         raise SnapshotIntegrityError(f"replicas/segments: the engine refused the state: {exc}") from exc
-    master.verify()
+    master.verify()  # replica ids unique among held replicas: the index build below cannot fail
+    master.standby_replica_ids = ReplicaIdIndex.of_master(master)
     return master
 
 
@@ -178,6 +181,7 @@ class StandbyService:
         self._sleep = sleep
         self._lock = threading.Lock()
         self._master = MasterService(self.config, clocks=clocks)
+        self._master.standby_replica_ids = ReplicaIdIndex()
         self.applied_sequence_id = 0
         self._observed_prefix = 0
         self._failed: BaseException | None = None
@@ -414,6 +418,7 @@ class StandbyService:
                 raise IncompleteOpLogCatchUp(f"applied {self.applied_sequence_id} but the durable prefix is {durable}")
             state = state_of_standby(standby_snapshot_of(self._master, self.applied_sequence_id))
             promoted = MasterService.from_state(state, config=self.config, clocks=clocks, segments_readable=False)
+            self._master.standby_replica_ids = None  # the container is done following: drop its index
             self._promoted = True
             self.producer_view = claim
         if journal_window is not None:  # the new primary journals through the fenced handle

@@ -40,6 +40,8 @@ Checks, in order:
 * ``tenant_ledger`` (multi-tenant mode): pending/committed equal a from-scratch charge of every
   LIVE row (quota.TenantLedger.charge).
 * ``replica_id_unique``: no replica id is used twice.
+* ``standby_replica_ids`` (a standby container): its replica-id index (ha/replica_ids.py) holds
+  exactly the ids of the held replicas.
 """
 from __future__ import annotations
 
@@ -66,4 +68,6 @@ def verify_engine(m: "MasterService") -> None:
     _check_groups(m)
     _check_ledger(m)
     _check_replica_ids(m)
+    if m.standby_replica_ids is not None:
+        m.standby_replica_ids.verify(m)
 

@@ -24,7 +24,7 @@ _LEN_MASK = np.int64((1 << KEY_LENGTH_BITS) - 1)
 
 
 @njit(inline="always", cache=True)
-def _mix64(h):
+def mix64(h):
     # splitmix64 finalizer: spreads FNV's weak low bits over the whole word
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -47,7 +47,7 @@ def hash_key(data, start, length, tenant):
     byte-at-a-time hash waits one multiply per byte), then the splitmix64 finalizer."""
     # (tenant, length) seed the state through the finalizer: equal bytes under another tenant
     # or of another length (zero padding) start from an unrelated state
-    h = _mix64(_FNV_OFFSET ^ (np.uint64(tenant & 0xFFFFFFFF) << np.uint64(32)) ^ np.uint64(length))
+    h = mix64(_FNV_OFFSET ^ (np.uint64(tenant & 0xFFFFFFFF) << np.uint64(32)) ^ np.uint64(length))
     end = start + length
     i = start
     while i + 8 <= end:
@@ -56,7 +56,7 @@ def hash_key(data, start, length, tenant):
         i += 8
     if i < end:
         h = (h ^ _word(data, i, end - i)) * _FNV_PRIME
-    return _mix64(h)
+    return mix64(h)
 
 
 @njit(inline="always", cache=True)
