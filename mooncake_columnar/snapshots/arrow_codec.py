@@ -27,6 +27,7 @@ from ..schema import (
     OBJECTS_PAYLOAD_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
+    SEGMENTS_LEGACY_SCHEMA,
 )
 from .state import SnapshotState, check_table
 
@@ -215,7 +216,9 @@ def decode_state(payloads: dict[str, bytes | pa.Buffer], *, check_unique_keys: b
     with ThreadPoolExecutor(max_workers=1) as pool:
         objects = pool.submit(_read_ipc, payloads[OBJECTS_FILE], OBJECTS_PAYLOAD_SCHEMA, OBJECTS_FILE)
         replicas = _read_ipc(payloads[REPLICAS_FILE], REPLICAS_PAYLOAD_SCHEMA, REPLICAS_FILE)
-        segments = _read_ipc(payloads[SEGMENTS_FILE], SEGMENTS_ARROW_SCHEMA, SEGMENTS_FILE)
+        # a segments file from before segment ids were kept: SnapshotState adds them as ""
+        segments = _read_ipc(payloads[SEGMENTS_FILE], (SEGMENTS_ARROW_SCHEMA, SEGMENTS_LEGACY_SCHEMA),
+                             SEGMENTS_FILE)
         objects = objects.result()
     meta = replicas.schema.metadata or {}
     raw_next = meta.get(_NEXT_ID_KEY)

@@ -34,9 +34,10 @@ import zstandard
 
 from ..errors import (
     InvalidParams,
+    RollbackClientIdsNotUpstream,
+    RollbackSegmentsAwaitingRemount,
     SerializeFail,
     SnapshotPayloadFieldError,
-    SnapshotPayloadError,
 )
 from ..kernels.upstream_hash import murmur64a
 from ..schema import (
@@ -60,6 +61,7 @@ from .mooncake_v1_allocator import (
 )
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
+from ..upstream_ids import first_bad_uuid
 
 METADATA_FILE = "metadata"
 SEGMENTS_FILE = "segments"
@@ -71,9 +73,7 @@ NUM_SHARDS = 1024
 ZSTD_LEVEL = 3
 UPSTREAM_REPLICA_MEMORY = 0
 UPSTREAM_ALLOCATOR_OFFSET = 1
-SEGMENT_STATUS_OK = 1
-SEGMENT_STATUS_UNMOUNTING = 2
-_UUID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"  # UuidToString: "<u64>-<u64>"
+SEGMENT_STATUS_OK = 1  # upstream SegmentStatus: every other status makes its restore drop the objects
 _U64 = (1 << 64) - 1
 
 
@@ -123,16 +123,10 @@ def _array(values: list, type_: pa.DataType, file: str, field: str) -> pa.Array:
 
 def _check_uuids(values: pa.Array | pa.ChunkedArray, file: str, field: str) -> None:
     """Every value is UuidToString's "<u64>-<u64>"."""
-    ok = pc.match_substring_regex(values, _UUID_PATTERN)
-    if len(values) and not pc.all(ok).as_py():
-        bad = values.filter(pc.invert(ok))[0].as_py()
-        raise SnapshotPayloadFieldError(file, field, f"{bad!r} is not an upstream UUID string")
-    # 20-digit halves compare as strings: only those above 2**64 - 1 are out of range
-    parts = pc.list_flatten(pc.split_pattern(values, "-"))
-    wide = pc.and_(pc.equal(pc.utf8_length(parts), 20), pc.greater(parts, str(_U64)))
-    if pc.any(wide).as_py():
-        raise SnapshotPayloadFieldError(file, field, f"UUID half {parts.filter(wide)[0].as_py()!r} is "
-                                 "above 2**64 - 1")
+    bad = first_bad_uuid(values)
+    if bad >= 0:
+        raise SnapshotPayloadFieldError(file, field, f"{values[bad].as_py()!r} is not an upstream UUID string "
+                                        "(\"<u64>-<u64>\", each half at most 2**64 - 1)")
 
 
 def shard_index(routing_key: str) -> int:
@@ -195,7 +189,7 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
                 and isinstance(seg[1], str) and _is_int64(seg[2]) and seg[2] >= 0
                 and _is_int64(seg[3]) and seg[3] >= 0 and isinstance(seg[4], str)
                 and type(seg[5]) is int and type(seg[6]) is bool
-                and (isinstance(seg[7], list) or not seg[6])):
+                and (isinstance(seg[7], list) or not seg[6]) and isinstance(seg[8], str)):
             raise SnapshotPayloadFieldError(f, f"ms[{seg_id!r}]", "malformed MountedSegment")
         index[seg_id] = len(index)
         rows["name"].append(seg[1])
@@ -205,6 +199,8 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
         rows["size"].append(seg[3])
         rows["used"].append(0)  # filled from the replicas by with_usage
         rows["readable"].append(seg[5] == SEGMENT_STATUS_OK)
+        rows["segment_id"].append(seg_id)
+        rows["host_id"].append(seg[8])
     if set(owner) - set(index):
         raise SnapshotPayloadFieldError(f, "cs", "a client owns a segment that is not mounted")
     table = pa.table({fl.name: _array(rows[fl.name], fl.type, f, f"ms.{fl.name}")
@@ -411,7 +407,8 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
 
 # ---- write (rollback) ---------------------------------------------------------------------------
 def _segment_uuid(name: str) -> str:
-    """A stable upstream-style UUID string for a segment name (SnapshotState keeps names only)."""
+    """A stable upstream-style UUID string for a segment whose id is unknown (a state built by
+    hand or by a tool; the engine always knows its segments' ids)."""
     digest = hashlib.sha256(name.encode()).digest()
     return f"{int.from_bytes(digest[:8], 'big')}-{int.from_bytes(digest[8:16], 'big')}"
 
@@ -429,14 +426,18 @@ def encode_v1(state: SnapshotState, *, system_now_ns: int, steady_now_ns: int
     objects, replicas, segments = state.objects, state.replicas, state.segments
     if (replicas.column("kind").to_numpy() != KIND_MEMORY).any():
         raise SerializeFail("v1 writer supports MEMORY replicas only")
+    unreadable = pc.invert(segments.column("readable"))
+    if pc.any(unreadable).as_py():  # upstream has no status for them (SegmentStatus 2 is DRAINING)
+        raise RollbackSegmentsAwaitingRemount(tuple(segments.column("name").filter(unreadable).to_pylist()))
     owners_col = segments.column("client")
-    try:
-        _check_uuids(objects.column("client"), "state", "objects.client")
-        _check_uuids(owners_col.filter(pc.not_equal(owners_col, "")), "state", "segments.client")
-    except SnapshotPayloadError as e:
-        raise SerializeFail(str(e)) from None
+    for field, clients in (("objects.client", objects.column("client")),
+                           ("segments.client", owners_col.filter(pc.not_equal(owners_col, "")))):
+        bad = first_bad_uuid(clients)
+        if bad >= 0:
+            raise RollbackClientIdsNotUpstream(field, clients[bad].as_py())
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-    seg_uuid = [_segment_uuid(name) for name in segments.column("name").to_pylist()]
+    seg_uuid = [uid or _segment_uuid(name) for uid, name in zip(
+        segments.column("segment_id").to_pylist(), segments.column("name").to_pylist())]
 
     # Replicas in object order (CSR) so each object's replicas are one slice.
     order = np.argsort(replicas.column("object_index").to_numpy(), kind="stable")
@@ -460,12 +461,11 @@ def _segments_blob(segments: pa.Table, seg_uuid: list[str], allocators: SegmentA
                    compressor: zstandard.ZstdCompressor) -> bytes:
     seg_names = segments.column("name").to_pylist()
     mounted, owners = {}, {}
-    for row, (uid, name, endpoint, client, base, size, readable) in enumerate(zip(
+    for row, (uid, name, endpoint, client, base, size, host_id) in enumerate(zip(
             seg_uuid, seg_names, *(segments.column(c).to_pylist() for c in (
-                "endpoint", "client", "base", "size", "readable")))):
-        status = SEGMENT_STATUS_OK if readable else SEGMENT_STATUS_UNMOUNTING
+                "endpoint", "client", "base", "size", "host_id")))):
         allocator = pack_allocator(allocators.state(row), compressor)
-        mounted[uid] = [uid, name, base, size, endpoint, status, True, allocator, ""]
+        mounted[uid] = [uid, name, base, size, endpoint, SEGMENT_STATUS_OK, True, allocator, host_id]
         if client:
             owners.setdefault(client, []).append(uid)
     return compressor.compress(msgpack.packb({

@@ -29,6 +29,7 @@ from ..errors import (
     SnapshotSchemaError,
 )
 from ..kernels.offset_allocator_v1 import multiplier_bits
+from ..upstream_ids import first_bad_uuid
 from ..schema import (
     KIND_MEMORY,
     MAX_KEY_BYTES,
@@ -39,6 +40,7 @@ from ..schema import (
     REPLICAS_ARROW_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
+    SEGMENTS_LEGACY_SCHEMA,
     ST_REMOVED,
     ReplicaKind,
     ReplicaStatus,
@@ -122,12 +124,27 @@ _LAYOUTS = {"objects": (OBJECTS_ARROW_SCHEMA, OBJECTS_PAYLOAD_SCHEMA),
             "segments": (SEGMENTS_ARROW_SCHEMA,)}
 
 
+def with_segment_identity(segments: pa.Table) -> pa.Table:
+    """A segments table in the current layout: one without the identity columns (written before
+    they existed) gets ``segment_id`` and ``host_id`` "" (unknown; the engine generates ids when
+    it loads the segments). Other tables are returned unchanged (validation judges them)."""
+    if not isinstance(segments, pa.Table) or segments.schema.names != SEGMENTS_LEGACY_SCHEMA.names:
+        return segments
+    empty = pa.array([""] * segments.num_rows, pa.string())
+    for name in ("segment_id", "host_id"):
+        segments = segments.append_column(SEGMENTS_ARROW_SCHEMA.field(name), empty)
+    return segments
+
+
 @dataclass(frozen=True)
 class SnapshotState:
     objects: pa.Table
     replicas: pa.Table
     segments: pa.Table
     replica_next_id: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", with_segment_identity(self.segments))
 
     def plain(self) -> "SnapshotState":
         """This state with string name columns (the ``*_ARROW_SCHEMA`` layout)."""
@@ -217,6 +234,15 @@ class SnapshotState:
         # size >= 1 here, so INT64_MAX - size fits uint64: base + size stays within int64
         _first_bad("segments", "base", base > (INT64_MAX - size).astype(np.uint64), base,
                    "puts base + size past int64")
+        ids = segs.column("segment_id")
+        named = pc.not_equal(ids, "")
+        bad = first_bad_uuid(ids.filter(named))
+        if bad >= 0:
+            row = int(np.flatnonzero(named.to_numpy(zero_copy_only=False))[bad])
+            raise SnapshotFieldError("segments", "segment_id", row,
+                                     f"{ids[row].as_py()!r} is not an upstream UUID string")
+        if pc.count_distinct(ids.filter(named)).as_py() != pc.sum(named).as_py():
+            raise SnapshotFieldError("segments", "segment_id", None, "duplicate segment id")
         return multiplier_bits(size)
 
     def _validate_replicas(self, next_id: int, unit_bits: np.ndarray, check_overlaps: bool = True) -> None:
@@ -405,9 +431,10 @@ def segment_rows(replicas: pa.Table, segments: pa.Table) -> np.ndarray:
 
 
 def segment_usage(replicas: pa.Table, segments: pa.Table) -> np.ndarray:
-    """Bytes held per segment row: memory replicas that still own their extent (not REMOVED)."""
-    held = ((replicas.column("kind").to_numpy() == KIND_MEMORY)
-            & (replicas.column("status").to_numpy() != ST_REMOVED))
+    """Bytes per segment row as upstream counts them (its allocator's cur_size, what
+    QuerySegments reports): the sizes of the memory replicas on it, exact, not rounded to
+    allocation units; a REMOVED one counts until its buffer is freed."""
+    held = replicas.column("kind").to_numpy() == KIND_MEMORY
     code = segment_rows(replicas, segments)
     held &= code >= 0
     return np.bincount(code[held], weights=replicas.column("size").to_numpy()[held],
