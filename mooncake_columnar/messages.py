@@ -52,6 +52,7 @@ class ObjectInfo:
     processing: bool
     put_start_time_ms: int
     replicas: tuple[ReplicaDescriptor, ...] = field(default_factory=tuple)
+    object_checksum: int | None = None  # upstream's, for objects restored from an upstream snapshot
 
 
 @dataclass(frozen=True)

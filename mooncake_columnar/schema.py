@@ -152,6 +152,15 @@ SEGMENTS_ARROW_SCHEMA = pa.schema([
 # columns; SnapshotState adds the identity columns as "" (the engine generates ids at load).
 SEGMENTS_LEGACY_SCHEMA = pa.schema(list(SEGMENTS_ARROW_SCHEMA)[:7])
 
+# Upstream's optional per-object checksum (ObjectMetadata.object_checksum, set by a client's
+# PutEnd and kept in v1 snapshots). Few objects have one here (only those restored from an
+# upstream snapshot: this engine's put_end takes none), so it is a sparse table, one row per
+# object that has one, not a column every object pays for.
+CHECKSUMS_ARROW_SCHEMA = pa.schema([
+    pa.field("object_index", pa.int64(), nullable=False),  # position in the objects table, increasing
+    pa.field("checksum", pa.uint64(), nullable=False),
+])
+
 # ---- v2 snapshot payload layout ------------------------------------------------------------------
 # The same columns as above, with the low-cardinality name columns dictionary-encoded (the
 # engine's int32 codes plus its string dictionary: no per-row string work, a few bytes per row)

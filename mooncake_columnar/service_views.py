@@ -52,7 +52,13 @@ class ViewsMixin:
             soft_pin_deadline_ns=int(o.soft_pin_deadline_ns[row]),
             processing=bool(f & FLAG_PROCESSING),
             put_start_time_ms=int(self._put_start_time_ms(np.array([row]))[0]),
-            replicas=tuple(self._descriptors(row, readable_only=False)))
+            replicas=tuple(self._descriptors(row, readable_only=False)),
+            object_checksum=self._object_checksum(row))
+
+    def _object_checksum(self, row: int) -> int | None:
+        o = self.objects
+        i = int(np.searchsorted(o.checksum_rows, row))
+        return int(o.checksum_values[i]) if i < o.checksum_rows.size and o.checksum_rows[i] == row else None
 
     @_locked
     def to_arrow(self) -> pa.Table:

@@ -389,3 +389,57 @@ def test_export_state_is_a_valid_state_with_segment_identity_columns():
     st = m.export_state()
     assert isinstance(st, SnapshotState) and st.segments.column_names[-2:] == ["segment_id", "host_id"]
     st.validate()
+
+
+# ---- upstream object checksums (sparse) ------------------------------------------------------------
+def fixture_with_checksums(tmp_path: Path, sums: dict[str, int]) -> SnapshotRepository:
+    """small_6 with upstream object checksums on the objects named in ``sums`` (v5 layout:
+    the checksum follows the group id)."""
+    import shutil
+    root = tmp_path / "fixture"
+    shutil.copytree(FIXTURES / "small_6" / "mooncake_master_snapshot", root)
+    snap = next(p for p in (root / "mooncake_cluster").iterdir() if p.is_dir())
+    top = msgpack.unpackb((snap / "metadata").read_bytes(), raw=False, strict_map_key=False)
+    for idx, blob in top["shards"].items():
+        shard = _unzstd(blob)
+        for _, key, meta in shard["metadata"]:
+            if key in sums:
+                meta.append(sums[key])
+        top["shards"][idx] = zstandard.ZstdCompressor().compress(msgpack.packb(shard))
+    (snap / "metadata").write_bytes(msgpack.packb(top))
+    return SnapshotRepository(root)
+
+
+def test_upstream_object_checksums_survive_engine_v2_and_v1_and_leave_with_their_object(tmp_path: Path):
+    sums = {"obj_plain": 2**64 - 5, "obj_group": 7}
+    m, _ = restore_master(fixture_with_checksums(tmp_path, sums), clocks=clocks_at(), drop_expired=False)
+    got = {k: m.object_info(k).object_checksum for k in m.to_arrow().column("key").to_pylist()}
+    assert {k: v for k, v in got.items() if v is not None} == sums
+    # v2 (a checksums.arrow beside the three files) and back
+    back = MasterService.from_state(decode_state(encode_state(m.export_state())), clocks=m.clocks)
+    assert back.object_info("obj_plain").object_checksum == sums["obj_plain"]
+    # v1: the checksum is the last field of the object's metadata, as upstream writes it
+    write_rollback(back, tmp_path / "v1")
+    _, objects = read_v1(tmp_path / "v1")
+    for (_, key), meta in objects.items():
+        assert (meta[-1] if key in sums else None) == sums.get(key), key
+        assert len(meta) == 10 + meta[6] + (key in sums)
+    # a removed object's row is recycled without its checksum
+    back.remove("obj_plain", force=True)
+    put(back, "new", preferred_segments=("seg_a",))
+    assert back.object_info("new").object_checksum is None
+    assert back.export_state().checksums.to_pylist() == [
+        {"object_index": i, "checksum": 7} for i, k in enumerate(back.export_state().objects.column("key").to_pylist())
+        if k == "obj_group"]
+
+
+def test_restore_cleanup_keeps_checksums_with_their_objects(tmp_path: Path):
+    expected = json.loads((FIXTURES / "small_6" / "expected.json").read_text())
+    survivor = expected["restore_observations"]["default_restore"]["surviving_keys"][0]
+    dropped = next(o["key"] for o in expected["objects"] if o["key"] != survivor and not o["hard_pinned"])
+    sums = {survivor: 11, dropped: 22}
+    s1 = expected["restore_observations"]["default_restore"]["restore_started_wall_clock_ms"]
+    m, stats = restore_master(fixture_with_checksums(tmp_path, sums), clocks=clocks_at(s1))
+    assert stats.objects_dropped > 0
+    assert m.object_info(survivor).object_checksum == 11
+    assert m.export_state().checksums.column("checksum").to_pylist() == [11]

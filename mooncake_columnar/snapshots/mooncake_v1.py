@@ -15,9 +15,9 @@ shard) and a key filed in a shard it does not route to fail the candidate; every
 :class:`~mooncake_columnar.errors.SnapshotPayloadFieldError` naming the file (and shard) and the field.
 
 Not represented in :class:`SnapshotState` and therefore dropped on read: replication/offload tasks
-(``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway),
-the optional per-object checksum, segment UUIDs and the upstream allocator state (the extents
-say which memory is held). Only MEMORY replicas are supported; any other replica type fails the
+(``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway)
+and the upstream allocator state (the extents say which memory is held). Kept, and written back:
+segment UUIDs and host ids, every object's put start time and the optional object checksum. Only MEMORY replicas are supported; any other replica type fails the
 candidate. The writer derives each segment's allocator and each buffer's allocation handle from
 the extents (:mod:`.mooncake_v1_allocator`), since upstream cannot load a replica without them.
 """
@@ -41,6 +41,7 @@ from ..errors import (
 )
 from ..kernels.upstream_hash import murmur64a
 from ..schema import (
+    CHECKSUMS_ARROW_SCHEMA,
     KIND_MEMORY,
     OBJECTS_ARROW_SCHEMA,
     REPLICAS_ARROW_SCHEMA,
@@ -236,11 +237,13 @@ def _parse_meta(file: str, tenant: str, key: str, meta: Any, objs: dict[str, lis
         hard_pinned, i = rest[i], i + 1
     if i < len(rest) and isinstance(rest[i], str):
         group, i = rest[i], i + 1
-    if i < len(rest) and is_uint(rest[i]):
-        i += 1  # object checksum: no column for it in SnapshotState
+    obj_index = len(objs["key"])
+    if i < len(rest) and is_uint(rest[i]):  # upstream's optional object checksum
+        objs["checksum_object"].append(obj_index)
+        objs["checksum"].append(rest[i])
+        i += 1
     if i != len(rest) or not (0 <= data_type <= 255):
         raise _object_error(file, tenant, key, f"unexpected optional fields {rest!r}")
-    obj_index = len(objs["key"])
     statuses = []
     for rep in meta[pos:pos + count]:
         if not (isinstance(rep, list) and len(rep) == 4 and is_uint(rep[0])
@@ -342,7 +345,7 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
         raise SnapshotPayloadFieldError(TASK_MANAGER_FILE, "tasks", "expected an array of 8-field tasks")
     objs: dict[str, list] = {k: [] for k in (
         "tenant", "key", "client", "size_bytes", "data_type", "group", "hard_pinned", "lease_ms",
-        "put_start_time_ms", "processing", "replica_count")}
+        "put_start_time_ms", "processing", "replica_count", "checksum_object", "checksum")}
     reps: dict[str, list] = {k: [] for k in (
         "object_index", "replica_id", "status", "segment_id", "buffer_ptr", "size")}
     budget = ZstdBudget(len(payloads[METADATA_FILE]), max_decompressed_bytes)
@@ -401,8 +404,11 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
             status.to_numpy(zero_copy_only=False) == ST_COMPLETE,
             segments.column("readable").to_numpy(zero_copy_only=False)[seg_row])),
     }, schema=REPLICAS_ARROW_SCHEMA)
+    checksums = pa.table({"object_index": np.asarray(objs["checksum_object"], np.int64),
+                          "checksum": _array(objs["checksum"], pa.uint64(), f, "objects.object_checksum")},
+                         schema=CHECKSUMS_ARROW_SCHEMA)
     # Upstream keeps usage in its allocator state; recompute it from the extents actually held.
-    return with_usage(SnapshotState(objects, replicas, segments, top["replica_next_id"])).validate()
+    return with_usage(SnapshotState(objects, replicas, segments, top["replica_next_id"], checksums)).validate()
 
 
 # ---- write (rollback) ---------------------------------------------------------------------------
@@ -418,9 +424,15 @@ def encode_v1(state: SnapshotState, *, system_now_ns: int, steady_now_ns: int
     """Upstream v1 payloads (metadata, segments, task_manager, descriptor.txt) for ``state``.
 
     Steady deadlines become system ms through one (system, steady) pair; soft pin is lost (v1 has
-    no slot for it). Client ids must already be upstream UUID strings. Each segment gets the
-    OffsetBufferAllocator state, and each buffer the allocation handle, that upstream needs to
-    load the replica (derived from the extents, see :mod:`.mooncake_v1_allocator`).
+    no slot for it). Each segment gets the OffsetBufferAllocator state, and each buffer the
+    allocation handle, that upstream needs to load the replica (derived from the extents, see
+    :mod:`.mooncake_v1_allocator`), under its segment id (a state without one, built by hand,
+    gets an id derived from the name).
+
+    Refuses (:class:`~mooncake_columnar.errors.RollbackRefused`, nothing written) what upstream
+    could not load: segments awaiting their client's remount (upstream has no status for them;
+    its restore drops every object on a segment that is not OK and then fails), and client ids
+    that are not upstream UUID strings.
     """
     state.validate()
     objects, replicas, segments = state.objects, state.replicas, state.segments
@@ -497,9 +509,13 @@ def _metadata_blob(state: SnapshotState, rep_items: list[list], system_now_ns: i
     cols = [objects.column(c).to_pylist() for c in (
         "tenant", "key", "client", "put_start_time_ms", "size_bytes", "replica_count",
         "data_type", "hard_pinned", "group")]
+    checksum = dict(zip(state.checksums.column("object_index").to_pylist(),  # sparse: few objects
+                        state.checksums.column("checksum").to_pylist()))
     for i, (tenant, key, client, put_start, size, count, dtype, hard, group) in enumerate(zip(*cols)):
         meta = [client, put_start, size, int(lease_ms[i]), False, 0, count, dtype,
                 *rep_items[starts[i]:starts[i + 1]], hard, group]
+        if i in checksum:
+            meta.append(checksum[i])
         shards.setdefault(shard_index(group or key), []).append([tenant, key, meta])
     return msgpack.packb({
         "shards": {idx: compressor.compress(msgpack.packb({"metadata": sorted(items)}))

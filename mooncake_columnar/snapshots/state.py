@@ -14,7 +14,7 @@ and :meth:`SnapshotState.encoded` convert, and every check below accepts either.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,7 @@ from ..errors import (
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..upstream_ids import first_bad_uuid
 from ..schema import (
+    CHECKSUMS_ARROW_SCHEMA,
     KIND_MEMORY,
     MAX_KEY_BYTES,
     NAME_DICTIONARY,
@@ -142,9 +143,22 @@ class SnapshotState:
     replicas: pa.Table
     segments: pa.Table
     replica_next_id: int
+    # upstream's object checksums, sparse (CHECKSUMS_ARROW_SCHEMA): objects without one have no row
+    checksums: pa.Table = field(default_factory=CHECKSUMS_ARROW_SCHEMA.empty_table)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "segments", with_segment_identity(self.segments))
+
+    def with_objects_kept(self, keep: np.ndarray, objects: pa.Table, replicas: pa.Table) -> "SnapshotState":
+        """This state with only the objects ``keep`` (a mask over its objects) left: ``objects``
+        and ``replicas`` are the filtered tables (object_index renumbered); the checksums follow."""
+        sums = self.checksums
+        if sums.num_rows:
+            idx = sums.column("object_index").to_numpy()
+            kept = keep[idx]
+            sums = pa.table({"object_index": (np.cumsum(keep, dtype=np.int64) - 1)[idx[kept]],
+                             "checksum": sums.column("checksum").to_numpy()[kept]}, schema=CHECKSUMS_ARROW_SCHEMA)
+        return replace(self, objects=objects, replicas=replicas, checksums=sums)
 
     def plain(self) -> "SnapshotState":
         """This state with string name columns (the ``*_ARROW_SCHEMA`` layout)."""
@@ -190,6 +204,7 @@ class SnapshotState:
             check_table(getattr(self, name), schemas, name)
         next_id = self._validate_next_id()
         self._validate_objects(check_unique_keys)
+        self._validate_checksums()
         unit_bits = self._validate_segments()
         self._validate_replicas(next_id, unit_bits, check_unique_keys if check_overlaps is None else check_overlaps)
         return self
@@ -218,6 +233,13 @@ class SnapshotState:
         if objs.num_rows:
             _check_range("objects", "key", pc.binary_length(objs.column("key")).to_numpy(), 1, MAX_KEY_BYTES,
                          "bytes long")
+
+    def _validate_checksums(self) -> None:
+        check_table(self.checksums, CHECKSUMS_ARROW_SCHEMA, "checksums")
+        idx = _np(self.checksums, "object_index")
+        _check_range("checksums", "object_index", idx, 0, self.objects.num_rows - 1)
+        _first_bad("checksums", "object_index", np.concatenate(([False], idx[1:] <= idx[:-1])), idx,
+                   "does not follow the previous row's (increasing: one checksum per object)")
 
     def _validate_segments(self) -> np.ndarray:
         """Checks the segments table; returns each row's allocation-unit bits."""

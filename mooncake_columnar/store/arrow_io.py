@@ -24,6 +24,7 @@ from ..kernels import hashing as hk
 from ..kernels import index_load
 from ..kernels import objects as ok
 from ..schema import (
+    CHECKSUMS_ARROW_SCHEMA,
     EMPTY_CODE,
     FLAG_GROUPED,
     FLAG_HARD_PINNED,
@@ -64,6 +65,8 @@ class FrozenColumns:
     columns: dict[str, np.ndarray]
     arena: np.ndarray             # the key arena itself, not a copy: see freeze()
     put_start_base_ms: int | None  # put_start_rel is ms after it (ObjectTable.set_put_start)
+    checksum_rows: np.ndarray      # the sparse object checksums (copies)
+    checksum_values: np.ndarray
     tenants: list[str]
     clients: list[str]
     group_names: list[str]
@@ -91,6 +94,7 @@ def freeze(m: "MasterService", alloc: Allocator = _fresh) -> FrozenColumns:
     s = m.segments
     return FrozenColumns(
         columns=columns, arena=m.keys.arena, put_start_base_ms=o.put_start_base_ms,
+        checksum_rows=o.checksum_rows.copy(), checksum_values=o.checksum_values.copy(),
         tenants=[m.tenants.name(c) for c in range(len(m.tenants))],
         clients=[m.clients.name(c) for c in range(len(m.clients))],
         group_names=list(m._group_names), segments=list(s.info),
@@ -254,7 +258,10 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     })
     codes = np.array([code for code, s in enumerate(f.segments) if s is not None], np.int64)
     segments = segments_table([f.segments[c] for c in codes], used[codes], f.segment_readable[codes])
-    return SnapshotState(objects, replicas, segments, f.replica_next_id)
+    checksums = pa.table({  # checksum rows are live object rows
+        "object_index": f.checksum_rows if live is None else np.searchsorted(live, f.checksum_rows),
+        "checksum": f.checksum_values}, schema=CHECKSUMS_ARROW_SCHEMA)
+    return SnapshotState(objects, replicas, segments, f.replica_next_id, checksums)
 
 
 def _used_bytes(kind: np.ndarray, seg: np.ndarray, size: np.ndarray, n_codes: int) -> np.ndarray:
@@ -281,7 +288,9 @@ def load_tables(m: "MasterService", state: "SnapshotState", *, segments_readable
             "name", "endpoint", "client", "base", "size", "segment_id", "host_id"))):
         m.segments.mount(Segment(name, endpoint, client, int(base), int(size), segment_id, host_id),
                          readable=segments_readable)
-    append_objects(m, state.objects, state.replicas)
+    rows = append_objects(m, state.objects, state.replicas)
+    m.objects.set_checksums(rows[state.checksums.column("object_index").to_numpy()],
+                            state.checksums.column("checksum").to_numpy())
     _rebuild_allocators(m)
 
 

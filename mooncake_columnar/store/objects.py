@@ -69,6 +69,9 @@ class ObjectTable:
         self.replica_more = _NO_CHAINS           # per row: next row of its replica chain, -1; see chains.py
         self.cont_count = 0                      # continuation rows in use
         self.put_start_base_ms: int | None = None  # see set_put_start
+        # upstream's optional object checksum, sparse: the (sorted) rows that have one
+        self.checksum_rows = np.empty(0, np.int64)
+        self.checksum_values = np.empty(0, np.uint64)
         self._put_start_bounds: tuple[int, int] | None = None  # oldest and newest put start ever stored
 
     # ---- growth ------------------------------------------------------------------------------
@@ -148,6 +151,9 @@ class ObjectTable:
                 self.group_next[conts] = conts
                 self.cont_count -= conts.size
                 rows = np.concatenate((rows, conts))
+        if self.checksum_rows.size:  # a recycled row starts without a checksum
+            keep = ~np.isin(self.checksum_rows, rows)
+            self.checksum_rows, self.checksum_values = self.checksum_rows[keep], self.checksum_values[keep]
         self._push_free(rows)
 
     def _push_free(self, rows: np.ndarray) -> None:
@@ -197,6 +203,18 @@ class ObjectTable:
         first = np.repeat(np.cumsum(n_rows) - n_rows, counts)
         rank = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         return new[first + rank // per], rank % per
+
+    # ---- object checksums (sparse) ------------------------------------------------------------
+    def set_checksums(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Give ``rows`` (distinct) upstream object checksums (replacing any they had)."""
+        rows = np.asarray(rows, np.int64)
+        if rows.size == 0:
+            return
+        keep = ~np.isin(self.checksum_rows, rows)
+        r = np.concatenate((self.checksum_rows[keep], rows))
+        v = np.concatenate((self.checksum_values[keep], np.asarray(values, np.uint64)))
+        order = np.argsort(r, kind="stable")
+        self.checksum_rows, self.checksum_values = r[order], v[order]
 
     # ---- put start times --------------------------------------------------------------------
     def set_put_start(self, rows: np.ndarray, ms: np.ndarray | int) -> None:
@@ -258,7 +276,7 @@ class ObjectTable:
         per_row = sum(dt.itemsize for dt in OBJECT_COLUMNS.values())
         per_row += self.slots * sum(dt.itemsize for dt in REPLICA_COLUMNS.values())
         per_row += self.replica_more.itemsize if self.replica_more.size else 0
-        return per_row * self.high_water + self.free_rows.nbytes
+        return per_row * self.high_water + self.free_rows.nbytes + self.checksum_rows.nbytes + self.checksum_values.nbytes
 
 
 def put_start_ms(rel: np.ndarray, base_ms: int | None) -> np.ndarray:
