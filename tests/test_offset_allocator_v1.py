@@ -536,7 +536,7 @@ def test_writer_gives_every_held_replica_a_handle_and_every_segment_an_allocator
         mine = [r for r in reps if r["segment"] == seg["name"]]
         held = sorted(r["replica_id"] for r in mine if r["status"] != ReplicaStatus.REMOVED)
         assert view.replica_ids == held
-        assert view.allocator.cur_size == sum(r["size"] for r in mine)
-        assert view.allocator.allocated_size == seg["used"] == sum(
-            r["size"] for r in mine if r["status"] != ReplicaStatus.REMOVED)
+        # used: every buffer's bytes, as upstream's cur_size (QuerySegments) counts them
+        assert view.allocator.cur_size == seg["used"] == sum(r["size"] for r in mine)
+        assert view.allocator.allocated_size == sum(r["size"] for r in mine if r["status"] != ReplicaStatus.REMOVED)
         assert view.mounted[2:4] == [seg["base"], seg["size"]] and view.allocator.multiplier_bits == 3
