@@ -4,7 +4,7 @@ from .clock import Clocks, ManualClocks, MonotonicClocks
 from .config import MasterConfig
 from .errors import ErrorCode, MooncakeError
 from .master import MasterService
-from .messages import BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig
+from .messages import BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig, SegmentInfo
 from .schema import (NEVER_LEASED, NO_DEADLINE, ObjectDataType, PingStatus, ReplicaKind, ReplicaStatus,
                      SoftPinAction)
 from .store.segments import Segment
@@ -12,5 +12,5 @@ from .store.segments import Segment
 __all__ = [
     "BatchResult", "Clocks", "ErrorCode", "ManualClocks", "MasterConfig", "MasterService", "MonotonicClocks",
     "MooncakeError", "NEVER_LEASED", "NO_DEADLINE", "ObjectDataType", "ObjectInfo", "PingStatus",
-    "ReplicaDescriptor", "ReplicaKind", "ReplicaStatus", "ReplicateConfig", "Segment", "SoftPinAction",
+    "ReplicaDescriptor", "ReplicaKind", "ReplicaStatus", "ReplicateConfig", "Segment", "SegmentInfo", "SoftPinAction",
 ]

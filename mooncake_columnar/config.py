@@ -55,6 +55,11 @@ class MasterConfig:
     offload_on_evict: bool = False
     offload_force_evict: bool = False
     offloading_queue_limit: int = 50_000
+    # Refuse (InvalidParams) a client id that is not upstream's UUID string "<u64>-<u64>" at
+    # mount, remount and put_start. A v1 rollback snapshot can only name clients by such ids, so a
+    # master meant to be rolled back to upstream turns this on and learns of a bad id at once
+    # rather than when the rollback snapshot is written (which then refuses, typed).
+    require_upstream_client_ids: bool = False
     # Per-tenant memory quota in bytes (multi-tenant mode); tenants absent here are unregistered.
     tenant_quota_bytes: dict = field(default_factory=dict, hash=False, compare=True)
 
@@ -77,7 +82,7 @@ class MasterConfig:
         _int_field(self, "oplog_admission_timeout_ms", 0, 60_000)
         _int_field(self, "snapshot_max_decompressed_bytes", 1, 1 << 40)
         for name in ("allow_evict_soft_pinned_objects", "enable_multi_tenants", "enable_offload",
-                     "offload_on_evict", "offload_force_evict"):
+                     "offload_on_evict", "offload_force_evict", "require_upstream_client_ids"):
             _require(isinstance(getattr(self, name), bool), name, "must be a bool")
         _require(isinstance(self.tenant_quota_bytes, dict), "tenant_quota_bytes", "must be a dict")
         for tenant, quota in self.tenant_quota_bytes.items():

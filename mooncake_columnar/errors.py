@@ -157,6 +157,38 @@ class SerializeFail(MooncakeError):
     code = ErrorCode.SERIALIZE_FAIL
 
 
+class RollbackRefused(SerializeFail):
+    """A v1 rollback snapshot was refused: upstream could not load (or could not safely use)
+    what it would hold, so nothing was published to the repository. ``fallback_snapshot_id``:
+    the v2 snapshot a SnapshotManager published instead into its fallback repository (None when
+    it has none)."""
+
+    fallback_snapshot_id: str | None = None
+
+
+class RollbackSegmentsAwaitingRemount(RollbackRefused):
+    """Segments are unreadable (restored from a standby, awaiting their clients' remount).
+    Upstream has no status for them: its restore drops every object on a segment that is not OK
+    and then fails. ``segments`` names them; write the rollback once their clients remounted."""
+
+    def __init__(self, segments: tuple[str, ...]):
+        self.segments = tuple(segments)
+        shown = ", ".join(repr(s) for s in self.segments[:8]) + (" ..." if len(self.segments) > 8 else "")
+        super().__init__(f"v1 rollback refused: {len(self.segments)} segment(s) await their client's "
+                         f"remount (unreadable): {shown}")
+
+
+class RollbackClientIdsNotUpstream(RollbackRefused):
+    """Client ids that are not upstream's UUID strings ``"<u64>-<u64>"`` (upstream names every
+    client by one). ``field`` says where (objects.client or segments.client), ``client`` the first."""
+
+    def __init__(self, field: str, client: str):
+        self.field, self.client = field, client
+        super().__init__(f"v1 rollback refused: {field} {client!r} is not an upstream UUID string "
+                         "\"<u64>-<u64>\" (MasterConfig.require_upstream_client_ids refuses such ids "
+                         "at mount and put_start)")
+
+
 class InvalidConfig(InvalidParams):
     """A MasterConfig field is out of range; ``field`` names it."""
 

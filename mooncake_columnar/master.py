@@ -262,7 +262,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         offsets, data = _single_key(key)
         size = _require_int("size", size, 1)
         codes, rows = self._put_start(offsets, data, np.array([size], np.int64),
-                                      _require_str("client_id", client_id), config)
+                                      self._require_client(client_id), config)
         _raise_code(int(codes[0]), f"put_start {key!r}")
         return self._descriptors(int(rows[0]), readable_only=False)
 
@@ -277,7 +277,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         if sizes.shape != (len(arr),) or not np.issubdtype(sizes.dtype, np.integer):
             raise InvalidParams("sizes must be an integer array with one size per key")
         sizes = sizes.astype(np.int64)
-        client = _require_str("client_id", client_id)
+        client = self._require_client(client_id)
 
         def chunk(lo: int, hi: int) -> tuple[np.ndarray, ReplicaColumns]:
             codes, rows = self._put_start(offsets[lo:hi + 1], data, sizes[lo:hi], client, config)
@@ -343,6 +343,7 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         slots = self.inflight.take(new)
         o.inflight[new] = slots
         self.inflight.started(slots, now_ms)
+        o.set_put_start(new, now_ms)
         self.inflight.pending_soft_pin_ttl_ns[slots] = pending_ttl_ns
         o.flags[new] = flags
         o.data_type[new] = int(config.data_type)
@@ -693,9 +694,9 @@ class MasterService(SegmentsMixin, OffloadMixin, DiscardMixin, ViewsMixin):
         return self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))
 
     def _put_start_time_ms(self, rows: np.ndarray) -> np.ndarray:
-        """System-clock put start of in-flight rows; 0 once the put completed (not kept)."""
-        slots = self.objects.inflight[rows]
-        return np.where(slots >= 0, self.inflight.put_start_time_ms[np.maximum(slots, 0)], 0)
+        """System-clock put start of ``rows`` (kept after the put completed, as upstream does:
+        it is the version epoch of dynamic replication; 0 where not known)."""
+        return self.objects.put_start_ms(rows)
 
     def _tenant_rows(self, tenant_id: str | None) -> np.ndarray:
         rows = self.objects.live_rows()

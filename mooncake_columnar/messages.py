@@ -52,6 +52,30 @@ class ObjectInfo:
     processing: bool
     put_start_time_ms: int
     replicas: tuple[ReplicaDescriptor, ...] = field(default_factory=tuple)
+    object_checksum: int | None = None  # upstream's, for objects restored from an upstream snapshot
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One mounted segment (``MasterService.segment_info``). Two usage figures:
+    ``used_bytes`` is exact, the sizes of the memory replicas on it (what upstream's
+    QuerySegments reports: its allocator counts requested bytes); ``held_bytes`` is what the
+    engine's allocator holds, each replica rounded up to the allocation unit
+    (``allocation_unit`` bytes: 1 up to 3.75 GiB of capacity, 8 at 16 GiB, ...), and is what
+    eviction's watermark counts. Both include replicas whose removal awaits durability and
+    buffers of abandoned puts not yet released."""
+
+    name: str
+    segment_id: str
+    host_id: str
+    endpoint: str
+    client: str
+    base: int
+    capacity: int
+    used_bytes: int
+    held_bytes: int
+    allocation_unit: int
+    readable: bool
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,10 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
         for code, req in segments:
             starts, lengths, used = rebuilt[code]
             seg.install_allocator(code, starts, lengths, used)
-            seg.info[code] = Segment(req.name, req.endpoint, client, req.base, req.size)
+            # the client's base, and its segment id and host id where it tells them
+            old = seg.info[code]
+            seg.replace_info(code, Segment(req.name, req.endpoint, client, req.base, req.size,
+                                           req.segment_id or old.segment_id, req.host_id or old.host_id))
         step("verify")
         for code in codes:
             n = int(seg.extent_counts[code])
@@ -125,7 +128,7 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
         for c, (st, ln, n, used, info) in saved.items():  # roll back: as if never attempted
             seg.extent_starts[c], seg.extent_lengths[c] = st, ln
             seg.extent_counts[c], seg.used[c] = n, used
-            seg.info[c] = info
+            seg.replace_info(c, info)
         raise
 
     t0 = time.perf_counter()

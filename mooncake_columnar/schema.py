@@ -83,9 +83,11 @@ OBJECT_COLUMNS: dict[str, np.dtype] = {
     "group": np.dtype(np.int32),
     "group_next": np.dtype(np.int32),          # circular list of group members (self when alone)
     "inflight": np.dtype(np.int32),            # slot in the InflightTable while PROCESSING, else -1
+    "put_start_rel": np.dtype(np.uint32),      # put start, system ms after ObjectTable.put_start_base_ms
     "flags": np.dtype(np.uint8),
     "data_type": np.dtype(np.uint8),
 }
+PUT_START_NONE = np.uint32(0xFFFF_FFFF)  # put_start_rel of an object whose put start is not known (0)
 
 # Replica slot columns, shape (capacity, R): slot j of row i (an object's row or one of its
 # continuation rows, see kernels/chains.py).
@@ -139,8 +141,24 @@ SEGMENTS_ARROW_SCHEMA = pa.schema([
     pa.field("client", pa.string(), nullable=False),
     pa.field("base", pa.uint64(), nullable=False),
     pa.field("size", pa.int64(), nullable=False),
+    # bytes of the memory replicas on it, exact (upstream's QuerySegments figure); the engine's
+    # allocator holds whole allocation units (MasterService.segment_info reports both)
     pa.field("used", pa.int64(), nullable=False),
     pa.field("readable", pa.bool_(), nullable=False),
+    pa.field("segment_id", pa.string(), nullable=False),  # upstream segment UUID, "" if unknown
+    pa.field("host_id", pa.string(), nullable=False),
+])
+# Segments tables written before segment ids were kept (v2 snapshots, tools): the first seven
+# columns; SnapshotState adds the identity columns as "" (the engine generates ids at load).
+SEGMENTS_LEGACY_SCHEMA = pa.schema(list(SEGMENTS_ARROW_SCHEMA)[:7])
+
+# Upstream's optional per-object checksum (ObjectMetadata.object_checksum, set by a client's
+# PutEnd and kept in v1 snapshots). Few objects have one here (only those restored from an
+# upstream snapshot: this engine's put_end takes none), so it is a sparse table, one row per
+# object that has one, not a column every object pays for.
+CHECKSUMS_ARROW_SCHEMA = pa.schema([
+    pa.field("object_index", pa.int64(), nullable=False),  # position in the objects table, increasing
+    pa.field("checksum", pa.uint64(), nullable=False),
 ])
 
 # ---- v2 snapshot payload layout ------------------------------------------------------------------

@@ -11,7 +11,7 @@ from .clock import NS_PER_MS
 from .errors import ErrorCode, error_for_code
 from .messages import DEFAULT_TENANT
 from .schema import ReplicaKind
-from .validation import _COMPLETE, _locked, _require_str, _single_key
+from .validation import _COMPLETE, _locked, _single_key
 
 if TYPE_CHECKING:
     from .eviction import EvictionPlan
@@ -62,7 +62,7 @@ class OffloadMixin:
         pos = self.offloads.position_of(row) if row >= 0 else -1
         if pos < 0:
             raise error_for_code(ErrorCode.OBJECT_NO_REPLICATION_TASK, f"no offload queued for {key!r}")
-        client = self.clients.code(_require_str("client_id", client_id))
+        client = self.clients.code(self._require_client(client_id))
         res = None
         if self.journal is not None:  # the new replica is journaled, or not added at all
             res = self.journal.reserve(1)

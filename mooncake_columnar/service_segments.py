@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -13,6 +14,7 @@ from .kernels import objects as ok
 from .recovery import RemountReport, recover_segments
 from .schema import KIND_MEMORY, PingStatus
 from .store.segments import Segment
+from .upstream_ids import is_upstream_uuid
 from .validation import _locked, _require_int, _require_str
 
 
@@ -21,21 +23,39 @@ class SegmentsMixin:
 
     # ================================================================================ segments
     @_locked
-    def mount_segment(self, name: str, *, endpoint: str, client_id: str, base: int, size: int) -> None:
-        """Mount a memory segment. Re-mounting an identical segment is a no-op."""
-        seg = Segment(_require_str("name", name), _require_str("endpoint", endpoint),
-                      _require_str("client_id", client_id), _require_int("base", base, 1),
-                      _require_int("size", size, 1))
+    def mount_segment(self, name: str, *, endpoint: str, client_id: str, base: int, size: int,
+                      segment_id: str | None = None, host_id: str = "") -> str:
+        """Mount a memory segment; returns its segment id. Re-mounting an identical segment is a
+        no-op. ``segment_id``: upstream's segment UUID (``"<u64>-<u64>"``) as the client's
+        ``Segment`` carries it; without one the master generates one (as upstream's client does)
+        and keeps it, so a v1 rollback snapshot names the segment by the id it is known by."""
+        seg = self._requested_segment(name, endpoint, client_id, base, size, segment_id, host_id)
         now = self.clocks.steady_ns()
         self._touch_client(seg.client, now)
         existing = self.segments.get(seg.name)
         if existing is not None:
-            if existing == seg:
-                return
+            if existing.same_mount(seg):
+                return existing.segment_id
             raise SegmentAlreadyExists(f"segment {seg.name!r} is mounted with different parameters")
+        if seg.segment_id in self.segments.by_id:
+            raise SegmentAlreadyExists(f"segment id {seg.segment_id!r} is already mounted as "
+                                       f"{self.segments.info[self.segments.by_id[seg.segment_id]].name!r}")
+        seg = replace(seg, segment_id=seg.segment_id or self.segments.fresh_id())
         journaled = self._journal_segments([seg], mounted=True)
         self.segments.mount(seg)
         journaled.submit()
+        return seg.segment_id
+
+    def _requested_segment(self, name: object, endpoint: object, client: object, base: object,
+                           size: object, segment_id: object, host_id: object) -> Segment:
+        """A validated mount request (segment id "" when the request names none)."""
+        if segment_id is not None and not is_upstream_uuid(segment_id):
+            raise InvalidParams(f"segment_id must be an upstream UUID string \"<u64>-<u64>\", "
+                                f"got {segment_id!r}")
+        return Segment(_require_str("name", name), _require_str("endpoint", endpoint),
+                       self._require_client(client), _require_int("base", base, 1),
+                       _require_int("size", size, 1), segment_id or "",
+                       _require_str("host_id", host_id, allow_empty=True))
 
     @_locked
     def unmount_segment(self, name: str) -> None:
@@ -94,18 +114,18 @@ class SegmentsMixin:
         and grants nothing (retry later) and the client stays NEED_REMOUNT.
         """
         t0 = time.perf_counter()
-        client = _require_str("client_id", client_id)
+        client = self._require_client(client_id)
         plain: list[Segment] = []
         restored: list[tuple[int, Segment]] = []
+        claimed: set[str] = set()  # segment ids this call names
         restored_by_endpoint = {s.endpoint: c for c, s in enumerate(self.segments.info)
                                 if s is not None and not self.segments.readable[c]}
         for s in segments:
             seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
             if seg is None:
                 raise InvalidParams("segments must be Segment or dict items")
-            seg = Segment(_require_str("name", seg.name), _require_str("endpoint", seg.endpoint),
-                          _require_str("client", seg.client), _require_int("base", seg.base, 1),
-                          _require_int("size", seg.size, 1))
+            seg = self._requested_segment(seg.name, seg.endpoint, seg.client, seg.base, seg.size,
+                                          seg.segment_id or None, seg.host_id)
             if seg.client != client:
                 raise InvalidParams(f"segment {seg.name!r} belongs to client {seg.client!r}, not {client!r}")
             code = self.segments.code(seg.name)
@@ -115,18 +135,30 @@ class SegmentsMixin:
                 # must match by name too (else the real segment would stay unreadable forever)
                 raise InvalidParams(f"segment {seg.name!r} has the endpoint of standby segment "
                                     f"{self.segments.info[by_endpoint].name!r} but another name")
+            if seg.segment_id:
+                by_id = self.segments.code_of_id(seg.segment_id)
+                if by_id >= 0 and by_id != code or seg.segment_id in claimed:
+                    # one id, one segment: a second segment under a mounted id would overlap it
+                    raise InvalidParams(f"segment {seg.name!r}: segment id {seg.segment_id!r} is "
+                                        f"already mounted as another segment")
+                claimed.add(seg.segment_id)
             existing = self.segments.info[code] if code >= 0 else None
             if existing is None:
                 plain.append(seg)
             elif not self.segments.readable[code]:
-                # standby-restored: must match the standby registry's name, endpoint and capacity
+                # standby-restored: must match the standby registry's name, endpoint and capacity;
+                # the client's segment id and host id replace those the registry held
                 if (existing.endpoint, existing.size) != (seg.endpoint, seg.size):
                     raise InvalidParams(f"segment {seg.name!r} does not match the standby registry "
                                         f"(endpoint {existing.endpoint!r}, capacity {existing.size})")
                 restored.append((code, seg))
-            elif existing != seg:
+            elif not existing.same_mount(seg):
                 raise InvalidParams(f"segment {seg.name!r} is mounted with a different identity")
-        journaled = self._journal_segments(plain + [self.segments.info[c] for c, _ in restored], mounted=True)
+        # a new segment without an id gets a fresh one (the set holds the ids named above)
+        plain = [s if s.segment_id else replace(s, segment_id=self._fresh_id(claimed)) for s in plain]
+        renamed = [replace(self.segments.info[c], segment_id=seg.segment_id or self.segments.info[c].segment_id,
+                           host_id=seg.host_id or self.segments.info[c].host_id) for c, seg in restored]
+        journaled = self._journal_segments(plain + renamed, mounted=True)
         rec = None
         if restored:
             try:
@@ -153,6 +185,23 @@ class SegmentsMixin:
             m.set("remount_effective_recovery_ttl_ms", report.effective_recovery_ttl_ms)
             m.set("remount_visible_ttl_ms", report.visible_ttl_ms)
         return report
+
+    def _fresh_id(self, taken: set[str]) -> str:
+        while True:
+            segment_id = self.segments.fresh_id()
+            if segment_id not in taken:
+                taken.add(segment_id)
+                return segment_id
+
+    def _require_client(self, client_id: object) -> str:
+        """A client id; with ``config.require_upstream_client_ids`` it must be upstream's UUID
+        string (``"<u64>-<u64>"``), which a v1 rollback snapshot needs for every client."""
+        client = _require_str("client_id", client_id)
+        if self.config.require_upstream_client_ids and not is_upstream_uuid(client):
+            raise InvalidParams(f"client_id {client!r} is not an upstream UUID string \"<u64>-<u64>\" "
+                                "(MasterConfig.require_upstream_client_ids: v1 rollback snapshots "
+                                "need upstream client ids)")
+        return client
 
     def _touch_client(self, client: str, now: int) -> None:
         self._client_deadline_ns[client] = now + self.config.client_live_ttl_s * NS_PER_S

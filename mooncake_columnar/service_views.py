@@ -11,7 +11,7 @@ from .clock import Clocks
 from .config import MasterConfig
 from .errors import ErrorCode
 from .kernels import objects as ok
-from .messages import DEFAULT_TENANT, ObjectInfo, ReplicaDescriptor
+from .messages import DEFAULT_TENANT, ObjectInfo, ReplicaDescriptor, SegmentInfo
 from .schema import (
     FLAG_GROUPED,
     FLAG_HARD_PINNED,
@@ -52,7 +52,13 @@ class ViewsMixin:
             soft_pin_deadline_ns=int(o.soft_pin_deadline_ns[row]),
             processing=bool(f & FLAG_PROCESSING),
             put_start_time_ms=int(self._put_start_time_ms(np.array([row]))[0]),
-            replicas=tuple(self._descriptors(row, readable_only=False)))
+            replicas=tuple(self._descriptors(row, readable_only=False)),
+            object_checksum=self._object_checksum(row))
+
+    def _object_checksum(self, row: int) -> int | None:
+        o = self.objects
+        i = int(np.searchsorted(o.checksum_rows, row))
+        return int(o.checksum_values[i]) if i < o.checksum_rows.size and o.checksum_rows[i] == row else None
 
     @_locked
     def to_arrow(self) -> pa.Table:
@@ -101,9 +107,36 @@ class ViewsMixin:
 
     @_locked
     def segment_usage(self) -> dict[str, tuple[int, int]]:
-        """name -> (used bytes, capacity bytes)."""
+        """name -> (held bytes, capacity bytes). Held bytes are the engine allocator's: each
+        replica rounded up to the segment's allocation unit; :meth:`segment_info` also reports
+        the exact bytes upstream would (they differ above 3.75 GiB of capacity)."""
         s = self.segments
         return {info.name: (int(s.used[c]), int(s.capacity[c])) for c, info in enumerate(s.info) if info}
+
+    @_locked
+    def segment_info(self) -> dict[str, SegmentInfo]:
+        """name -> :class:`SegmentInfo` of every mounted segment: its upstream identity, and both
+        usage figures (``used_bytes`` exact as upstream's QuerySegments, ``held_bytes`` in whole
+        allocation units). One vectorized pass over the replica slots; also sets the gauges
+        ``segment_used_bytes`` and ``segment_held_bytes`` (label ``segment``)."""
+        s, o = self.segments, self.objects
+        hw = o.high_water
+        memory = ((o.replica_status[:hw] != 0) & (o.replica_kind[:hw] == int(KIND_MEMORY))
+                  & (o.replica_segment[:hw] >= 0))
+        r, j = np.nonzero(memory)
+        n = len(s.info)
+        used = (np.bincount(o.replica_segment[r, j], weights=o.size_bytes[r], minlength=n)
+                + np.bincount(self._discarded_seg, weights=self._discarded_size, minlength=n)).astype(np.int64)
+        out = {}
+        for c, seg in enumerate(s.info):
+            if seg is None:
+                continue
+            out[seg.name] = SegmentInfo(seg.name, seg.segment_id, seg.host_id, seg.endpoint, seg.client, seg.base,
+                                        seg.size, int(used[c]), int(s.used[c]), 1 << int(s.unit_bits[c]),
+                                        bool(s.readable[c]))
+            self.metrics.set("segment_used_bytes", float(used[c]), segment=seg.name)
+            self.metrics.set("segment_held_bytes", float(s.used[c]), segment=seg.name)
+        return out
 
     @_locked
     def metadata_bytes(self) -> dict[str, int]:

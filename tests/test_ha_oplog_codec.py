@@ -61,10 +61,12 @@ def sample_batch(first: int = 7) -> OpLogBatch:
     ep = "10.0.0.1:1"
     rep = ReplicaDescriptor(11, ReplicaKind.MEMORY, "seg-a", 4096, 100, ReplicaStatus.COMPLETE, ep)
     disk = ReplicaDescriptor(12, ReplicaKind.DISK, "", 0, 100, ReplicaStatus.COMPLETE, "")
-    put = PutEndPayload("c1", 100, (rep,), ObjectDataType.KVCACHE, "g1", hard_pinned=True, soft_pin_enabled=True)
+    put = PutEndPayload("c1", 100, (rep,), ObjectDataType.KVCACHE, "g1", hard_pinned=True, soft_pin_enabled=True,
+                        put_start_time_ms=1_796_019_911_534)
     put2 = PutEndPayload("c2", 100, (rep, disk), ObjectDataType.UNKNOWN, "")
     return OpLogBatch(first, (
-        OpLogEntry(first, OpType.SEGMENT_MOUNT, "default", ep, SegmentPayload("seg-a", ep, 1 << 30, "c1")),
+        OpLogEntry(first, OpType.SEGMENT_MOUNT, "default", ep,
+                   SegmentPayload("seg-a", ep, 1 << 30, "c1", "2904354663345825683-17963832344043922323", "host-1")),
         OpLogEntry(first + 1, OpType.PUT_END, "default", "k1", put),
         OpLogEntry(first + 2, OpType.REMOVE, "t2", "k2"),
         OpLogEntry(first + 3, OpType.PUT_END, "t2", "k3", put2),
@@ -350,15 +352,18 @@ def test_no_lease_or_deadline_fields_on_the_wire(batch: OpLogBatch) -> None:
 
 
 def test_exact_wire_field_names() -> None:
-    # Pins the wire model to the RFC's list; adding a field is a deliberate, versioned change.
+    # Pins the wire model to the RFC's list; adding a field is a deliberate change (an optional
+    # one, so older records stay decodable: put_start_time_ms, segment_id and host_id).
     top, columns = wire_maps(sample_batch())
     assert set(top) == {"version", "first_sequence_id", "count", "columns", "checksum"}
     assert set(columns) == {
         "op", "tenant", "key_offsets", "key_bytes",
         "client", "size", "data_type", "group", "hard_pinned", "soft_pin_enabled", "replica_count",
+        "put_start_time_ms",
         "replica_id", "replica_kind", "replica_segment", "replica_offset", "replica_size", "replica_status",
         "replica_endpoint", "string_offsets", "string_bytes", "segments"}
-    assert set(columns["segments"][0]) == {"name", "endpoint", "capacity", "client"}
+    assert set(columns["segments"][0]) == {"name", "endpoint", "capacity", "client", "segment_id", "host_id"}
+    assert set(columns["segments"][1]) == {"name", "endpoint", "capacity", "client"}  # no id: not sent
     assert len(columns["segments"]) == 2
     assert column(columns, "replica_count", "<u4").tolist() == [1, 2]
 

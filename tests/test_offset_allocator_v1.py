@@ -22,7 +22,7 @@ from mooncake_columnar.kernels.offset_allocator_v1 import (
     bin_size,
     multiplier_bits,
 )
-from mooncake_columnar.schema import SEGMENTS_ARROW_SCHEMA, ReplicaStatus
+from mooncake_columnar.schema import SEGMENTS_LEGACY_SCHEMA, ReplicaStatus
 from mooncake_columnar.snapshots.mooncake_v1 import (
     METADATA_FILE,
     SEGMENTS_FILE,
@@ -212,7 +212,7 @@ def layouts(draw) -> tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray, np.ndar
         "name": [f"seg{s}" for s in range(n_seg)], "endpoint": [f"ep{s}" for s in range(n_seg)],
         "client": [""] * n_seg, "base": pa.array([(s + 1) << 40 for s in range(n_seg)], pa.uint64()),
         "size": pa.array(caps, pa.int64()), "used": pa.array([0] * n_seg, pa.int64()),
-        "readable": [True] * n_seg}, schema=SEGMENTS_ARROW_SCHEMA)
+        "readable": [True] * n_seg}, schema=SEGMENTS_LEGACY_SCHEMA)
     order = np.random.default_rng(draw(st.integers(0, 1 << 30))).permutation(len(rows))
     cols = (np.array(c, np.int64)[order] for c in (rows, offs, sizes))
     return (segments, *cols, np.array(held, bool)[order])
@@ -260,7 +260,7 @@ def test_extents_sharing_an_allocation_unit_cannot_be_written() -> None:
     upstream representation (each needs its own node), so the writer refuses."""
     segments = pa.table({"name": ["big"], "endpoint": ["ep"], "client": [""],
                          "base": pa.array([1 << 40], pa.uint64()), "size": pa.array([16 * GiB]),
-                         "used": pa.array([0]), "readable": [True]}, schema=SEGMENTS_ARROW_SCHEMA)
+                         "used": pa.array([0]), "readable": [True]}, schema=SEGMENTS_LEGACY_SCHEMA)
     one = np.zeros(2, np.int64)
     with pytest.raises(SerializeFail, match="allocation unit 8 bytes"):
         derive_allocators(segments, one, np.array([0, 3]), np.array([3, 5]), np.ones(2, bool))
@@ -536,7 +536,7 @@ def test_writer_gives_every_held_replica_a_handle_and_every_segment_an_allocator
         mine = [r for r in reps if r["segment"] == seg["name"]]
         held = sorted(r["replica_id"] for r in mine if r["status"] != ReplicaStatus.REMOVED)
         assert view.replica_ids == held
-        assert view.allocator.cur_size == sum(r["size"] for r in mine)
-        assert view.allocator.allocated_size == seg["used"] == sum(
-            r["size"] for r in mine if r["status"] != ReplicaStatus.REMOVED)
+        # used: every buffer's bytes, as upstream's cur_size (QuerySegments) counts them
+        assert view.allocator.cur_size == seg["used"] == sum(r["size"] for r in mine)
+        assert view.allocator.allocated_size == sum(r["size"] for r in mine if r["status"] != ReplicaStatus.REMOVED)
         assert view.mounted[2:4] == [seg["base"], seg["size"]] and view.allocator.multiplier_bits == 3

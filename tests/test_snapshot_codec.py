@@ -89,6 +89,8 @@ def make_state(n: int = 6, *, replicas_per_object: int = 1, lease=None, soft=Non
         "size": pa.array(np.full(n_seg, segment_size, np.int64)),
         "used": pa.array(np.zeros(n_seg, np.int64)),
         "readable": pa.array(np.ones(n_seg, bool)),
+        "segment_id": pa.array([f"{k + 100}-{k + 200}" for k in range(n_seg)]),
+        "host_id": pa.array([f"host-{k % 2}" for k in range(n_seg)]),
     }, schema=SEGMENTS_ARROW_SCHEMA)
     return with_usage(SnapshotState(objects, replicas, segs, replica_next_id=n * r + 1)).validate()
 

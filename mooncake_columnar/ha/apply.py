@@ -19,6 +19,7 @@ changes the held replicas (the run's erase and insert, a segment unmount) update
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,11 +30,11 @@ from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, Snapsh
 from ..kernels import allocation as ak
 from ..kernels import id_set
 from ..schema import (KIND_MEMORY, NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA,
-                      SEGMENTS_ARROW_SCHEMA, ST_COMPLETE)
+                      ST_COMPLETE)
 from ..snapshots.state import SnapshotState
 from ..store.arrow_io import append_objects
 from ..store.keys import string_buffers
-from ..store.segments import Segment
+from ..store.segments import Segment, segments_table
 from .oplog import OpLogBatch, OpLogColumns, OpType, SegmentPayload
 from .replica_ids import ReplicaIdIndex, held_ids
 
@@ -74,11 +75,19 @@ def _apply_segment(m: "MasterService", ids: ReplicaIdIndex, seq: int, op: OpType
             raise OpLogInvalidEntry("capacity", f"SEGMENT_MOUNT {p.name!r} capacity {p.capacity} is outside "
                                     f"[1, 2**63 - 1 - {STANDBY_SEGMENT_BASE}]", seq)
         existing = m.segments.get(p.name)
+        holder = m.segments.code_of_id(p.segment_id) if p.segment_id else -1
+        if holder >= 0 and m.segments.info[holder].name != p.name:
+            raise OpLogInvalidEntry("segment_id", f"SEGMENT_MOUNT {p.name!r}: segment id {p.segment_id!r} "
+                                    f"is mounted as {m.segments.info[holder].name!r}", seq)
         if existing is not None:
             if (existing.endpoint, existing.size, existing.client) != (p.endpoint, p.capacity, p.client):
                 raise OpLogError(f"entry {seq}: SEGMENT_MOUNT {p.name!r} conflicts with the mounted one")
+            if p.segment_id:  # a remount after promotion tells the client's real segment id
+                m.segments.replace_info(m.segments.code(p.name), replace(
+                    existing, segment_id=p.segment_id, host_id=p.host_id or existing.host_id))
             return
-        m.segments.mount(Segment(p.name, p.endpoint, p.client, STANDBY_SEGMENT_BASE, p.capacity), readable=False)
+        m.segments.mount(Segment(p.name, p.endpoint, p.client, STANDBY_SEGMENT_BASE, p.capacity,
+                                 p.segment_id, p.host_id), readable=False)
     else:
         code = m.segments.code(p.name)
         if code >= 0:
@@ -224,14 +233,8 @@ def _validated_tables(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p
 def _segments_table(m: "MasterService") -> pa.Table:
     """The mounted segments as a snapshot segments table (few rows)."""
     s = m.segments
-    mounted = [(c, info) for c, info in enumerate(s.info) if info is not None]
-    return pa.table({
-        "name": [i.name for _, i in mounted], "endpoint": [i.endpoint for _, i in mounted],
-        "client": [i.client for _, i in mounted], "base": pa.array([i.base for _, i in mounted], pa.uint64()),
-        "size": pa.array([i.size for _, i in mounted], pa.int64()),
-        "used": pa.array([int(s.used[c]) for c, _ in mounted], pa.int64()),
-        "readable": pa.array([bool(s.readable[c]) for c, _ in mounted], pa.bool_()),
-    }, schema=SEGMENTS_ARROW_SCHEMA)
+    codes = [c for c, info in enumerate(s.info) if info is not None]
+    return segments_table([s.info[c] for c in codes], s.used[codes], s.readable[codes])
 
 
 def _take_extents(m: "MasterService", erased: np.ndarray, run: OpLogColumns, reps: np.ndarray,
@@ -343,7 +346,7 @@ def _tables(run: OpLogColumns, puts: np.ndarray, p: np.ndarray, reps: np.ndarray
         "soft_pin_enabled": run.soft_pin_enabled[p],
         "lease_deadline_ns": np.full(n, NEVER_LEASED, np.int64),
         "soft_pin_deadline_ns": np.full(n, NO_DEADLINE, np.int64),
-        "put_start_time_ms": np.zeros(n, np.int64),
+        "put_start_time_ms": run.put_start_time_ms[p].astype(np.int64),
         "processing": np.zeros(n, np.bool_),
         "replica_count": counts.astype(np.int32),
     }, schema=OBJECTS_ARROW_SCHEMA)

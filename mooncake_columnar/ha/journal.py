@@ -178,7 +178,8 @@ class Journal:
         key_offsets, key_bytes = m.keys.key_buffers_of(rows)
         return OpLogColumns(
             op=op, **coded, key_offsets=key_offsets, key_bytes=key_bytes, size=size, data_type=data_type,
-            hard_pinned=hard, soft_pin_enabled=soft, replica_count=count, replica_id=rid, replica_kind=kind,
+            hard_pinned=hard, soft_pin_enabled=soft, replica_count=count,
+            put_start_time_ms=o.put_start_ms(put).astype(np.uint64), replica_id=rid, replica_kind=kind,
             replica_offset=offset, replica_size=rsize, replica_status=np.full(rid.size, _COMPLETE, np.uint8),
             replica_endpoint=np.full(rid.size, len(strings), np.int32),  # the journal logs no endpoint
             strings=pa.array(strings + [""], pa.large_string()), segments=())
@@ -241,7 +242,8 @@ class Journal:
             return PendingEntries(None, None, self.writer)
         op = OpType.SEGMENT_MOUNT if mounted else OpType.SEGMENT_UNMOUNT
         body = OpLogColumns.from_ops([OpLogOp(op, "default", seg.endpoint or seg.name,
-                                              SegmentPayload(seg.name, seg.endpoint, seg.size, seg.client))
+                                              SegmentPayload(seg.name, seg.endpoint, seg.size, seg.client,
+                                                             seg.segment_id, seg.host_id))
                                       for seg in segs])
         res = self.reserve(len(segs))
         return None if res is None else PendingEntries(res, body, self.writer)

@@ -2,7 +2,9 @@
 
 An entry carries only what a standby needs to rebuild object metadata and replicas (lease-recovery
 RFC, "Standby metadata wire model"): tenant, key, client, size, replica descriptors, data type,
-group, hard_pinned, soft_pin_enabled. Leases, soft-pin deadlines, remaining TTLs and read times are
+group, hard_pinned, soft_pin_enabled, and the put start time (system ms: upstream's version
+epoch, a timestamp rather than a deadline; absent from older records, read as 0). Segment
+entries carry the segment's upstream id and host id (absent from older records: ""). Leases, soft-pin deadlines, remaining TTLs and read times are
 runtime state of the serving primary and are never logged; a promoted primary grants fresh leases.
 
 A batch is columns (:class:`OpLogColumns`), never one Python object per entry: the primary builds
@@ -46,6 +48,7 @@ from .oplog_entries import (  # noqa: F401
     Payload,
     PutEndPayload,
     ReplicaDescriptor,
+    SEGMENT_OPTIONAL,
     SegmentPayload,
     _Check,
     _SEGMENT_CHECKS,
@@ -70,7 +73,7 @@ _SEGMENT_OPS = (int(OpType.SEGMENT_MOUNT), int(OpType.SEGMENT_UNMOUNT))
 # Array columns and their wire dtypes, grouped by what their length counts.
 _ROW_ARRAYS = {"op": "u1", "tenant": "<i4"}
 _PUT_ARRAYS = {"client": "<i4", "size": "<u8", "data_type": "u1", "group": "<i4", "hard_pinned": "?",
-               "soft_pin_enabled": "?", "replica_count": "<u4"}
+               "soft_pin_enabled": "?", "replica_count": "<u4", "put_start_time_ms": "<u8"}
 _REPLICA_ARRAYS = {"replica_id": "<u8", "replica_kind": "u1", "replica_segment": "<i4", "replica_offset": "<u8",
                    "replica_size": "<u8", "replica_status": "u1", "replica_endpoint": "<i4"}
 _CODE_ARRAYS = ("tenant", "client", "group", "replica_segment", "replica_endpoint")  # into the string table
@@ -120,6 +123,7 @@ class OpLogColumns:
     hard_pinned: np.ndarray   # bool
     soft_pin_enabled: np.ndarray  # bool
     replica_count: np.ndarray     # uint32
+    put_start_time_ms: np.ndarray  # uint64 system ms (upstream's version epoch; 0: not recorded)
     replica_id: np.ndarray        # replicas of the PUT_END rows, in row order: uint64
     replica_kind: np.ndarray      # uint8 ReplicaKind
     replica_segment: np.ndarray   # int32 string code (segment name, "" if not in memory)
@@ -174,7 +178,8 @@ class OpLogColumns:
             if isinstance(p, PutEndPayload):
                 for name, value in (("client", code(p.client)), ("size", p.size), ("data_type", int(p.data_type)),
                                     ("group", code(p.group_id)), ("hard_pinned", p.hard_pinned),
-                                    ("soft_pin_enabled", p.soft_pin_enabled), ("replica_count", len(p.replicas))):
+                                    ("soft_pin_enabled", p.soft_pin_enabled), ("replica_count", len(p.replicas)),
+                                    ("put_start_time_ms", p.put_start_time_ms)):
                     rows[name].append(value)
                 for r in p.replicas:
                     for name, value in (("replica_id", r.replica_id), ("replica_kind", int(r.kind)),
@@ -258,7 +263,8 @@ class OpLogColumns:
                 payload = _trusted(PutEndPayload, dict(
                     client=names[col["client"][p]], size=col["size"][p], replicas=replicas,
                     data_type=col["data_type"][p], group_id=names[col["group"][p]],
-                    hard_pinned=col["hard_pinned"][p], soft_pin_enabled=col["soft_pin_enabled"][p]))
+                    hard_pinned=col["hard_pinned"][p], soft_pin_enabled=col["soft_pin_enabled"][p],
+                    put_start_time_ms=col["put_start_time_ms"][p]))
                 p += 1
             elif op in _SEGMENT_OPS:
                 payload = next(segments)
@@ -274,8 +280,7 @@ class OpLogColumns:
         body.update(key_offsets=np.ascontiguousarray(self.key_offsets, "<i8").tobytes(),
                     key_bytes=self.key_bytes.tobytes(), string_offsets=offsets.astype("<i8").tobytes(),
                     string_bytes=data.tobytes(),
-                    segments=[{"name": s.name, "endpoint": s.endpoint, "capacity": s.capacity, "client": s.client}
-                              for s in self.segments])
+                    segments=[_segment_wire(s) for s in self.segments])
         return msgpack.packb(body, use_bin_type=True)
 
     @classmethod
@@ -285,12 +290,12 @@ class OpLogColumns:
             raw = msgpack.unpackb(blob, raw=False, strict_map_key=True)
         except Exception as exc:  # msgpack raises several unrelated types for malformed input
             raise OpLogCorrupt(where, f"not a msgpack map ({type(exc).__name__}: {exc})") from None
-        f = _fields(raw, where, _COLUMNS_WIRE, _PIN_FLAGS)
+        f = _fields(raw, where, _COLUMNS_WIRE, _OPTIONAL_PUT_COLUMNS)
         a: dict[str, np.ndarray] = {}
         for name, dt in _WIRE_ARRAYS.items():
             dtype = np.dtype("u1" if dt == "?" else dt)  # bools arrive as bytes and are checked below
-            if f[name] is None:  # a pin flag written before it existed: off (RFC compatibility rule)
-                f[name] = bytes(int(np.count_nonzero(np.frombuffer(f["op"], "u1") == _PUT_END)))
+            if f[name] is None:  # a PUT_END field written before it existed: false / 0 (RFC compatibility rule)
+                f[name] = bytes(int(np.count_nonzero(np.frombuffer(f["op"], "u1") == _PUT_END)) * dtype.itemsize)
             if len(f[name]) % dtype.itemsize:
                 raise OpLogCorrupt(f"{where}.{name}", f"{len(f[name])} bytes is not a whole number of {dtype}")
             a[name] = np.frombuffer(f[name], dtype)
@@ -332,10 +337,25 @@ class OpLogColumns:
         segment_rows = np.count_nonzero(a["op"] >= _SEGMENT_OPS[0])
         if len(f["segments"]) != segment_rows:
             raise OpLogCorrupt(f"{where}.segments", f"{len(f['segments'])} payloads for {segment_rows} segment rows")
-        segments = tuple(_trusted(SegmentPayload, _fields(s, f"{where}.segments[{i}]", _SEGMENT_CHECKS))
+        segments = tuple(_segment_payload(_fields(s, f"{where}.segments[{i}]", _SEGMENT_CHECKS, SEGMENT_OPTIONAL))
                          for i, s in enumerate(f["segments"]))
         return cls(**{name: a[name] for name in _ARRAYS}, key_offsets=a["key_offsets"], key_bytes=a["key_bytes"],
                    strings=strings, segments=segments)
+
+
+def _segment_wire(s: SegmentPayload) -> dict[str, Any]:
+    """A segment payload's wire map; the identity fields only when set (a record without them
+    stays readable by a reader that predates them)."""
+    out: dict[str, Any] = {"name": s.name, "endpoint": s.endpoint, "capacity": s.capacity, "client": s.client}
+    for name in ("segment_id", "host_id"):
+        if getattr(s, name):
+            out[name] = getattr(s, name)
+    return out
+
+
+def _segment_payload(fields: dict[str, Any]) -> SegmentPayload:
+    """A decoded segment payload; identity fields a record lacks are ""."""
+    return _trusted(SegmentPayload, {k: "" if v is None else v for k, v in fields.items()})
 
 
 def _checked_strings(a: dict[str, np.ndarray], prefix: str, where: str, *, nonempty: bool) -> pa.Array:
@@ -480,7 +500,7 @@ _WIRE_ARRAYS = {**_ARRAYS, "key_offsets": "<i8", "key_bytes": "u1", "string_offs
 _COLUMNS_WIRE: dict[str, _Check] = {**{name: _bin for name in _WIRE_ARRAYS}, "segments": _list}
 _BATCH_WIRE: dict[str, _Check] = {"version": _str, "first_sequence_id": _seq, "count": _seq, "columns": _bin,
                                   "checksum": lambda v: _u64(v) or (None if v <= 0xFFFFFFFF else "not a crc32")}
-_PIN_FLAGS = frozenset({"hard_pinned", "soft_pin_enabled"})
+_OPTIONAL_PUT_COLUMNS = frozenset({"hard_pinned", "soft_pin_enabled", "put_start_time_ms"})  # optional PUT_END columns
 _OPS = {int(op): op for op in OpType}
 
 

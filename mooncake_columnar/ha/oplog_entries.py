@@ -14,6 +14,7 @@ from typing import Any, Callable, Union
 
 from ..errors import InvalidParams
 from ..schema import MAX_KEY_BYTES, ObjectDataType, ReplicaKind, ReplicaStatus
+from ..upstream_ids import is_upstream_uuid
 
 _U64_MAX = 2**64 - 1
 _SEQ_MAX = 2**63 - 1  # sequence ids never wrap here; int64 keeps them exact in every consumer
@@ -71,6 +72,14 @@ def _key(v: Any) -> str | None:
     return problem
 
 
+def _segment_id(v: Any) -> str | None:
+    """Upstream's segment UUID string, or "" (a record from before segment ids were logged)."""
+    problem = _str(v)
+    if problem is None and v and not is_upstream_uuid(v):
+        problem = f"{v!r} is not an upstream UUID string"
+    return problem
+
+
 def _bool(v: Any) -> str | None:
     return None if type(v) is bool else f"expected a bool, got {type(v).__name__}"
 
@@ -113,8 +122,12 @@ _PUT_END_CHECKS: dict[str, _Check] = {
     "client": _str, "size": _u64,
     "replicas": lambda v: None if isinstance(v, tuple) else f"expected a tuple, got {type(v).__name__}",
     "data_type": _enum(ObjectDataType), "group_id": _str, "hard_pinned": _bool, "soft_pin_enabled": _bool,
+    "put_start_time_ms": _u64,
 }
-_SEGMENT_CHECKS: dict[str, _Check] = {"name": _str, "endpoint": _str, "capacity": _u64, "client": _str}
+_SEGMENT_CHECKS: dict[str, _Check] = {"name": _str, "endpoint": _str, "capacity": _u64, "client": _str,
+                                      "segment_id": _segment_id, "host_id": _str}
+# fields a SEGMENT_MOUNT/UNMOUNT written before they existed lacks (decoded as "")
+SEGMENT_OPTIONAL = frozenset({"segment_id", "host_id"})
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,7 @@ class PutEndPayload:
     group_id: str
     hard_pinned: bool = False
     soft_pin_enabled: bool = False
+    put_start_time_ms: int = 0  # system ms (upstream's version epoch); 0: not recorded
 
     def __post_init__(self) -> None:
         if isinstance(self.replicas, list):  # accept a list, store the hashable tuple
@@ -160,6 +174,8 @@ class SegmentPayload:
     endpoint: str
     capacity: int
     client: str
+    segment_id: str = ""  # upstream segment UUID string ("" in records written before it)
+    host_id: str = ""
 
     def __post_init__(self) -> None:
         _require(self, _SEGMENT_CHECKS)

@@ -99,10 +99,12 @@ def standby_snapshot_of(m: MasterService, last_sequence_id: int) -> StandbySnaps
         "tenant": o.column("tenant"), "key": o.column("key"), "client": o.column("client"),
         "size": o.column("size_bytes"), "data_type": o.column("data_type"), "group": o.column("group"),
         "hard_pinned": o.column("hard_pinned"), "soft_pin_enabled": o.column("soft_pin_enabled"),
+        "put_start_time_ms": o.column("put_start_time_ms"),
     }, schema=STANDBY_OBJECTS_SCHEMA)
     replicas = state.replicas.drop_columns(["readable"])
     segments = pa.table({"name": s.column("name"), "endpoint": s.column("endpoint"),
-                         "client": s.column("client"), "capacity": s.column("size")},
+                         "client": s.column("client"), "capacity": s.column("size"),
+                         "segment_id": s.column("segment_id"), "host_id": s.column("host_id")},
                         schema=STANDBY_SEGMENTS_SCHEMA)
     return StandbySnapshot(objects, replicas, segments, last_sequence_id)
 
@@ -118,7 +120,7 @@ def state_of_standby(snap: StandbySnapshot) -> SnapshotState:
         "hard_pinned": o.column("hard_pinned"), "soft_pin_enabled": o.column("soft_pin_enabled"),
         "lease_deadline_ns": np.full(n, NEVER_LEASED, np.int64),
         "soft_pin_deadline_ns": np.full(n, NO_DEADLINE, np.int64),
-        "put_start_time_ms": np.zeros(n, np.int64),
+        "put_start_time_ms": o.column("put_start_time_ms"),
         "processing": np.zeros(n, np.bool_),
         "replica_count": np.bincount(object_index, minlength=n).astype(np.int32),
     }, schema=OBJECTS_ARROW_SCHEMA)
@@ -130,7 +132,8 @@ def state_of_standby(snap: StandbySnapshot) -> SnapshotState:
         "client": snap.segments.column("client"),
         "base": pa.array(np.full(k, STANDBY_SEGMENT_BASE, np.uint64)),
         "size": snap.segments.column("capacity"), "used": np.zeros(k, np.int64),
-        "readable": np.zeros(k, np.bool_),
+        "readable": np.zeros(k, np.bool_), "segment_id": snap.segments.column("segment_id"),
+        "host_id": snap.segments.column("host_id"),
     }, schema=SEGMENTS_ARROW_SCHEMA)
     ids = snap.replicas.column("replica_id").to_numpy()
     next_id = int(ids.max()) + 1 if ids.size else 1

@@ -9,6 +9,7 @@ from numba import njit
 from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
+from ..upstream_ids import is_upstream_uuid
 
 from .report import _MEM, _ST_COMPLETE, _ST_PROCESSING, _fail, _row_name, _seg_name
 
@@ -25,8 +26,11 @@ def _check_segment_registry(m: "MasterService") -> None:
                 _fail("segment_registry", f"unmounted segment code {code} keeps allocator state")
         elif s.by_name.get(info.name) != code or s.capacity[code] != info.size:
             _fail("segment_registry", f"{_seg_name(m, code)}: name index or capacity disagrees")
-    if len(s.by_name) != sum(i is not None for i in s.info):
-        _fail("segment_registry", "segment name index holds unmounted names")
+        elif not is_upstream_uuid(info.segment_id) or s.by_id.get(info.segment_id) != code:
+            _fail("segment_registry", f"{_seg_name(m, code)}: segment id {info.segment_id!r} is not an "
+                                      "upstream UUID string, or the id index disagrees")
+    if len(s.by_name) != sum(i is not None for i in s.info) or len(s.by_id) != len(s.by_name):
+        _fail("segment_registry", "segment name or id index holds unmounted segments")
 
 
 @njit(cache=True, nogil=True)

@@ -24,9 +24,11 @@ import xxhash
 
 from ..errors import SnapshotDigestError, SnapshotPayloadError, SnapshotSchemaError
 from ..schema import (
+    CHECKSUMS_ARROW_SCHEMA,
     OBJECTS_PAYLOAD_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
+    SEGMENTS_LEGACY_SCHEMA,
 )
 from .state import SnapshotState, check_table
 
@@ -35,6 +37,10 @@ REPLICAS_FILE = "replicas.arrow"
 SEGMENTS_FILE = "segments.arrow"
 DIGEST_FILE = "digest.json"
 PAYLOAD_FILES = (OBJECTS_FILE, REPLICAS_FILE, SEGMENTS_FILE)
+# Written only when some object has an upstream checksum (SnapshotState.checksums), so a state
+# without any is byte-for-byte what readers from before it expect; the digest lists it when present.
+CHECKSUMS_FILE = "checksums.arrow"
+OPTIONAL_PAYLOAD_FILES = (CHECKSUMS_FILE,)
 DIGEST_VERSION = 2
 # digest version -> (entry field, checksum of a bytes-like)
 _CHECKSUMS: dict[int, tuple[str, Callable[[object], str]]] = {
@@ -147,6 +153,8 @@ def state_payloads(state: SnapshotState, compression: str | None = None, *,
                                   {_NEXT_ID_KEY: str(int(state.replica_next_id)).encode()}),
         SEGMENTS_FILE: IpcPayload(state.segments, compression, {}),
     }
+    if state.checksums.num_rows:
+        files[CHECKSUMS_FILE] = IpcPayload(state.checksums, compression, {})
     return {**files, DIGEST_FILE: DigestPayload(files)}
 
 
@@ -173,9 +181,10 @@ def verify_digest(payloads: dict[str, bytes | pa.Buffer]) -> None:
         raise SnapshotDigestError(f"{DIGEST_FILE} has an unexpected structure")
     field, checksum = _CHECKSUMS[digest["version"]]
     files = digest["files"]
-    if set(files) != set(PAYLOAD_FILES):
-        raise SnapshotDigestError(f"{DIGEST_FILE} lists {sorted(files)}, expected {sorted(PAYLOAD_FILES)}")
-    for name in PAYLOAD_FILES:
+    if not set(PAYLOAD_FILES) <= set(files) <= {*PAYLOAD_FILES, *OPTIONAL_PAYLOAD_FILES}:
+        raise SnapshotDigestError(f"{DIGEST_FILE} lists {sorted(files)}, expected {sorted(PAYLOAD_FILES)}"
+                                  f" (and optionally {list(OPTIONAL_PAYLOAD_FILES)})")
+    for name in sorted(files):
         entry, data = files[name], payloads.get(name)
         if data is None:
             raise SnapshotDigestError(f"payload {name} is missing")
@@ -185,6 +194,16 @@ def verify_digest(payloads: dict[str, bytes | pa.Buffer]) -> None:
             raise SnapshotDigestError(f"{name}: {len(data)} bytes, digest says {entry['size']}")
         if entry[field] != checksum(data):
             raise SnapshotDigestError(f"{name}: {field} mismatch")
+
+
+def optional_payloads(digest: bytes | pa.Buffer) -> tuple[str, ...]:
+    """The optional payloads ``digest.json`` lists (to read them besides PAYLOAD_FILES); a
+    malformed digest lists none here and fails :func:`verify_digest` later."""
+    try:
+        files = json.loads(bytes(digest)).get("files", {})
+    except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+        return ()
+    return tuple(name for name in OPTIONAL_PAYLOAD_FILES if isinstance(files, dict) and name in files)
 
 
 def _read_ipc(data: bytes | pa.Buffer, schema: pa.Schema | tuple[pa.Schema, ...], name: str) -> pa.Table:
@@ -215,16 +234,22 @@ def decode_state(payloads: dict[str, bytes | pa.Buffer], *, check_unique_keys: b
     with ThreadPoolExecutor(max_workers=1) as pool:
         objects = pool.submit(_read_ipc, payloads[OBJECTS_FILE], OBJECTS_PAYLOAD_SCHEMA, OBJECTS_FILE)
         replicas = _read_ipc(payloads[REPLICAS_FILE], REPLICAS_PAYLOAD_SCHEMA, REPLICAS_FILE)
-        segments = _read_ipc(payloads[SEGMENTS_FILE], SEGMENTS_ARROW_SCHEMA, SEGMENTS_FILE)
+        # a segments file from before segment ids were kept: SnapshotState adds them as ""
+        segments = _read_ipc(payloads[SEGMENTS_FILE], (SEGMENTS_ARROW_SCHEMA, SEGMENTS_LEGACY_SCHEMA),
+                             SEGMENTS_FILE)
         objects = objects.result()
     meta = replicas.schema.metadata or {}
     raw_next = meta.get(_NEXT_ID_KEY)
     if raw_next is None or not raw_next.isdigit() or (len(raw_next) > 1 and raw_next[:1] == b"0"):
         raise SnapshotSchemaError(f"{REPLICAS_FILE}: missing or malformed replica_next_id")
+    checksums = (_read_ipc(payloads[CHECKSUMS_FILE], CHECKSUMS_ARROW_SCHEMA, CHECKSUMS_FILE).replace_schema_metadata(None)
+                 if CHECKSUMS_FILE in optional_payloads(payloads[DIGEST_FILE])
+                 else CHECKSUMS_ARROW_SCHEMA.empty_table())
     state = SnapshotState(
         objects=objects.replace_schema_metadata(None),
         replicas=replicas.replace_schema_metadata(None),
         segments=segments.replace_schema_metadata(None),
         replica_next_id=int(raw_next),
+        checksums=checksums,
     )
     return state.validate(check_unique_keys=check_unique_keys)

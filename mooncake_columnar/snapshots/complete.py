@@ -35,7 +35,7 @@ from ..errors import (
     SnapshotIntegrityError,
 )
 from ..schema import ST_COMPLETE
-from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, state_payloads
+from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, optional_payloads, state_payloads
 from .convert import convert_steady_deadlines
 from .manifest import (
     SnapshotManifest,
@@ -165,7 +165,7 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
                          ("processing", pa.array(np.zeros(objects.num_rows, dtype=bool)))):
         idx = objects.schema.get_field_index(name)
         objects = objects.set_column(idx, objects.schema.field(name), values)
-    cleaned = with_usage(dataclasses.replace(state, objects=objects, replicas=replicas))
+    cleaned = with_usage(state.with_objects_kept(keep, objects, replicas))
     return cleaned, int(n - objects.num_rows)
 
 
@@ -190,6 +190,9 @@ def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks,
         raise ManifestError(f"manifest names {manifest.snapshot_id}, directory is {snapshot_id}")
     if manifest.is_v2:
         payloads = repo.read_payloads(snapshot_id, (*PAYLOAD_FILES, DIGEST_FILE))
+        extra = optional_payloads(payloads[DIGEST_FILE])
+        if extra:  # the sparse checksums file, when some object has one
+            payloads.update(repo.read_payloads(snapshot_id, extra))
         decoded = decode_state(payloads, check_unique_keys=check_unique_keys)
         state = convert_v2_state(decoded, manifest, restore_system_ns=restore_system_ns,
                                  restore_steady_ns=restore_steady_ns)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..clock import Clocks
 from ..config import MasterConfig
-from ..errors import InvalidParams, NoUsableSnapshot, SnapshotStorageUnavailable
+from ..errors import InvalidParams, NoUsableSnapshot, RollbackRefused, SnapshotStorageUnavailable
 from ..memory import FreeMemoryWarmer, prefault, warm_free_memory
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .arrow_codec import state_payloads
@@ -78,7 +78,15 @@ class SnapshotManager:
     """Complete snapshots of ``master`` into ``repo``.
 
     ``write_v1=True`` publishes upstream's ``messagepack|1.0.0`` format instead of v2 (rollback to
-    a v1-only master); both formats restore here. ``retention`` snapshots are kept (upstream
+    a v1-only master); both formats restore here. A v1 snapshot the writer refuses
+    (:class:`~mooncake_columnar.errors.RollbackRefused`: segments awaiting their clients'
+    remount, or client ids upstream cannot hold) publishes nothing into ``repo``: upstream
+    restores only the snapshot latest.txt names and fails outright on one it cannot load, so the
+    last good v1 snapshot stays the latest there. The state is still persisted when
+    ``v2_fallback_repo`` is given: the snapshot goes there as v2 (what this engine restores;
+    ``fallback_snapshot_id`` on the error names it). Either way the refusal is raised from
+    :meth:`snapshot_now` (the periodic thread logs it), counted in the ``snapshot_v1_refused``
+    metric and kept in :attr:`last_v1_refusal` until a v1 snapshot is published again. ``retention`` snapshots are kept (upstream
     ``snapshot_retention_count``, which must be >= 1) counting only published snapshots; an
     unpublished directory (a crashed writer's) is deleted once idle for ``unpublished_grace_s``
     (default: the repository's, 3600 s). ``prefault``: before writing to a local
@@ -89,7 +97,8 @@ class SnapshotManager:
     def __init__(self, master: "MasterService", repo: SnapshotRepository, *,
                  interval_s: float = 600, retention: int = 2, compression: str | None = None,
                  write_v1: bool = False, prefault: bool = True,
-                 unpublished_grace_s: float | None = None) -> None:
+                 unpublished_grace_s: float | None = None,
+                 v2_fallback_repo: SnapshotRepository | None = None) -> None:
         if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or interval_s <= 0:
             raise InvalidParams(f"interval_s must be a positive number, got {interval_s!r}")
         if isinstance(retention, bool) or not isinstance(retention, int) or retention < 1:
@@ -102,7 +111,12 @@ class SnapshotManager:
                 isinstance(unpublished_grace_s, bool) or not isinstance(unpublished_grace_s, (int, float))
                 or not 0 <= unpublished_grace_s < float("inf")):
             raise InvalidParams(f"unpublished_grace_s must be a finite number >= 0, got {unpublished_grace_s!r}")
+        if v2_fallback_repo is not None and (not write_v1 or not isinstance(v2_fallback_repo, SnapshotRepository)):
+            raise InvalidParams("v2_fallback_repo must be a SnapshotRepository, and applies with write_v1 only")
         self.unpublished_grace_s = unpublished_grace_s
+        self.v2_fallback_repo = v2_fallback_repo
+        self._fallback_ids = SnapshotIdAllocator(v2_fallback_repo.list) if v2_fallback_repo is not None else None
+        self.last_v1_refusal: RollbackRefused | None = None
         self.master = master
         self.repo = repo
         self.interval_s = float(interval_s)
@@ -151,8 +165,13 @@ class SnapshotManager:
             sid = self._next_id(system_ns)
             state = frozen_state(frozen, buffers.alloc)
             if self.write_v1:
-                payloads = encode_v1(state.plain(), system_now_ns=system_ns, steady_now_ns=steady_ns)
+                try:
+                    payloads = encode_v1(state.plain(), system_now_ns=system_ns, steady_now_ns=steady_ns)
+                except RollbackRefused as refusal:
+                    self._refused_v1(refusal, state, system_ns, steady_ns)
+                    raise
                 manifest = v1_manifest(sid).encode()
+                self.last_v1_refusal = None
             else:
                 # The state comes straight from the engine: its key index guarantees unique keys.
                 payloads = state_payloads(state, self.compression, keys_known_unique=True)
@@ -161,6 +180,10 @@ class SnapshotManager:
                 warm_free_memory(sum(t.nbytes for t in (state.objects, state.replicas, state.segments)))
             self.repo.publish(sid, payloads, manifest)
             size = sum(map(stored_size, payloads.values()))
+        except RollbackRefused:
+            metrics.inc("snapshot_failure")
+            metrics.inc("snapshot_v1_refused")
+            raise
         except Exception:
             metrics.inc("snapshot_failure")
             log.exception("complete snapshot failed")
@@ -180,6 +203,25 @@ class SnapshotManager:
         metrics.inc("snapshot_success")
         metrics.set("snapshot_duration_seconds", time.perf_counter() - t0)
         return sid
+
+    def _refused_v1(self, refusal: RollbackRefused, state: SnapshotState, system_ns: int, steady_ns: int) -> None:
+        """A refused v1 snapshot: nothing goes to ``repo`` (its latest stays a v1 upstream can
+        load); the state goes to the v2 fallback repository when there is one."""
+        log.warning("v1 rollback snapshot not written: %s", refusal)
+        self.last_v1_refusal = refusal
+        fallback = self.v2_fallback_repo
+        if fallback is None:
+            return
+        fid = self._fallback_ids.next_id(system_ns)
+        fallback.publish(fid, state_payloads(state, keys_known_unique=True),
+                         v2_manifest(fid, system_ns, steady_ns).encode())
+        refusal.fallback_snapshot_id = fid
+        try:
+            fallback.retain(self.retention, unpublished_grace_s=self.unpublished_grace_s)
+        except Exception:  # the fallback snapshot itself is published
+            log.exception("snapshot retention failed in the v2 fallback repository after %s", fid)
+        log.warning("v1 rollback refused: the state was published as v2 snapshot %s in the fallback "
+                    "repository", fid)
 
     def snapshot_now(self, *, background: bool = False) -> str | Future[str]:
         """Freeze now and publish; returns the snapshot id, or its Future when ``background``.

@@ -15,9 +15,9 @@ shard) and a key filed in a shard it does not route to fail the candidate; every
 :class:`~mooncake_columnar.errors.SnapshotPayloadFieldError` naming the file (and shard) and the field.
 
 Not represented in :class:`SnapshotState` and therefore dropped on read: replication/offload tasks
-(``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway),
-the optional per-object checksum, segment UUIDs and the upstream allocator state (the extents
-say which memory is held). Only MEMORY replicas are supported; any other replica type fails the
+(``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway)
+and the upstream allocator state (the extents say which memory is held). Kept, and written back:
+segment UUIDs and host ids, every object's put start time and the optional object checksum. Only MEMORY replicas are supported; any other replica type fails the
 candidate. The writer derives each segment's allocator and each buffer's allocation handle from
 the extents (:mod:`.mooncake_v1_allocator`), since upstream cannot load a replica without them.
 """
@@ -34,12 +34,14 @@ import zstandard
 
 from ..errors import (
     InvalidParams,
+    RollbackClientIdsNotUpstream,
+    RollbackSegmentsAwaitingRemount,
     SerializeFail,
     SnapshotPayloadFieldError,
-    SnapshotPayloadError,
 )
 from ..kernels.upstream_hash import murmur64a
 from ..schema import (
+    CHECKSUMS_ARROW_SCHEMA,
     KIND_MEMORY,
     OBJECTS_ARROW_SCHEMA,
     REPLICAS_ARROW_SCHEMA,
@@ -60,6 +62,7 @@ from .mooncake_v1_allocator import (
 )
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
+from ..upstream_ids import first_bad_uuid
 
 METADATA_FILE = "metadata"
 SEGMENTS_FILE = "segments"
@@ -71,9 +74,7 @@ NUM_SHARDS = 1024
 ZSTD_LEVEL = 3
 UPSTREAM_REPLICA_MEMORY = 0
 UPSTREAM_ALLOCATOR_OFFSET = 1
-SEGMENT_STATUS_OK = 1
-SEGMENT_STATUS_UNMOUNTING = 2
-_UUID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"  # UuidToString: "<u64>-<u64>"
+SEGMENT_STATUS_OK = 1  # upstream SegmentStatus: every other status makes its restore drop the objects
 _U64 = (1 << 64) - 1
 
 
@@ -123,16 +124,10 @@ def _array(values: list, type_: pa.DataType, file: str, field: str) -> pa.Array:
 
 def _check_uuids(values: pa.Array | pa.ChunkedArray, file: str, field: str) -> None:
     """Every value is UuidToString's "<u64>-<u64>"."""
-    ok = pc.match_substring_regex(values, _UUID_PATTERN)
-    if len(values) and not pc.all(ok).as_py():
-        bad = values.filter(pc.invert(ok))[0].as_py()
-        raise SnapshotPayloadFieldError(file, field, f"{bad!r} is not an upstream UUID string")
-    # 20-digit halves compare as strings: only those above 2**64 - 1 are out of range
-    parts = pc.list_flatten(pc.split_pattern(values, "-"))
-    wide = pc.and_(pc.equal(pc.utf8_length(parts), 20), pc.greater(parts, str(_U64)))
-    if pc.any(wide).as_py():
-        raise SnapshotPayloadFieldError(file, field, f"UUID half {parts.filter(wide)[0].as_py()!r} is "
-                                 "above 2**64 - 1")
+    bad = first_bad_uuid(values)
+    if bad >= 0:
+        raise SnapshotPayloadFieldError(file, field, f"{values[bad].as_py()!r} is not an upstream UUID string "
+                                        "(\"<u64>-<u64>\", each half at most 2**64 - 1)")
 
 
 def shard_index(routing_key: str) -> int:
@@ -195,7 +190,7 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
                 and isinstance(seg[1], str) and _is_int64(seg[2]) and seg[2] >= 0
                 and _is_int64(seg[3]) and seg[3] >= 0 and isinstance(seg[4], str)
                 and type(seg[5]) is int and type(seg[6]) is bool
-                and (isinstance(seg[7], list) or not seg[6])):
+                and (isinstance(seg[7], list) or not seg[6]) and isinstance(seg[8], str)):
             raise SnapshotPayloadFieldError(f, f"ms[{seg_id!r}]", "malformed MountedSegment")
         index[seg_id] = len(index)
         rows["name"].append(seg[1])
@@ -205,6 +200,8 @@ def _decode_segments(raw: bytes, max_bytes: int) -> tuple[pa.Table, dict[str, in
         rows["size"].append(seg[3])
         rows["used"].append(0)  # filled from the replicas by with_usage
         rows["readable"].append(seg[5] == SEGMENT_STATUS_OK)
+        rows["segment_id"].append(seg_id)
+        rows["host_id"].append(seg[8])
     if set(owner) - set(index):
         raise SnapshotPayloadFieldError(f, "cs", "a client owns a segment that is not mounted")
     table = pa.table({fl.name: _array(rows[fl.name], fl.type, f, f"ms.{fl.name}")
@@ -240,11 +237,13 @@ def _parse_meta(file: str, tenant: str, key: str, meta: Any, objs: dict[str, lis
         hard_pinned, i = rest[i], i + 1
     if i < len(rest) and isinstance(rest[i], str):
         group, i = rest[i], i + 1
-    if i < len(rest) and is_uint(rest[i]):
-        i += 1  # object checksum: no column for it in SnapshotState
+    obj_index = len(objs["key"])
+    if i < len(rest) and is_uint(rest[i]):  # upstream's optional object checksum
+        objs["checksum_object"].append(obj_index)
+        objs["checksum"].append(rest[i])
+        i += 1
     if i != len(rest) or not (0 <= data_type <= 255):
         raise _object_error(file, tenant, key, f"unexpected optional fields {rest!r}")
-    obj_index = len(objs["key"])
     statuses = []
     for rep in meta[pos:pos + count]:
         if not (isinstance(rep, list) and len(rep) == 4 and is_uint(rep[0])
@@ -346,7 +345,7 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
         raise SnapshotPayloadFieldError(TASK_MANAGER_FILE, "tasks", "expected an array of 8-field tasks")
     objs: dict[str, list] = {k: [] for k in (
         "tenant", "key", "client", "size_bytes", "data_type", "group", "hard_pinned", "lease_ms",
-        "put_start_time_ms", "processing", "replica_count")}
+        "put_start_time_ms", "processing", "replica_count", "checksum_object", "checksum")}
     reps: dict[str, list] = {k: [] for k in (
         "object_index", "replica_id", "status", "segment_id", "buffer_ptr", "size")}
     budget = ZstdBudget(len(payloads[METADATA_FILE]), max_decompressed_bytes)
@@ -405,13 +404,17 @@ def decode_v1(payloads: dict[str, bytes], *, restore_system_ns: int, restore_ste
             status.to_numpy(zero_copy_only=False) == ST_COMPLETE,
             segments.column("readable").to_numpy(zero_copy_only=False)[seg_row])),
     }, schema=REPLICAS_ARROW_SCHEMA)
+    checksums = pa.table({"object_index": np.asarray(objs["checksum_object"], np.int64),
+                          "checksum": _array(objs["checksum"], pa.uint64(), f, "objects.object_checksum")},
+                         schema=CHECKSUMS_ARROW_SCHEMA)
     # Upstream keeps usage in its allocator state; recompute it from the extents actually held.
-    return with_usage(SnapshotState(objects, replicas, segments, top["replica_next_id"])).validate()
+    return with_usage(SnapshotState(objects, replicas, segments, top["replica_next_id"], checksums)).validate()
 
 
 # ---- write (rollback) ---------------------------------------------------------------------------
 def _segment_uuid(name: str) -> str:
-    """A stable upstream-style UUID string for a segment name (SnapshotState keeps names only)."""
+    """A stable upstream-style UUID string for a segment whose id is unknown (a state built by
+    hand or by a tool; the engine always knows its segments' ids)."""
     digest = hashlib.sha256(name.encode()).digest()
     return f"{int.from_bytes(digest[:8], 'big')}-{int.from_bytes(digest[8:16], 'big')}"
 
@@ -421,22 +424,32 @@ def encode_v1(state: SnapshotState, *, system_now_ns: int, steady_now_ns: int
     """Upstream v1 payloads (metadata, segments, task_manager, descriptor.txt) for ``state``.
 
     Steady deadlines become system ms through one (system, steady) pair; soft pin is lost (v1 has
-    no slot for it). Client ids must already be upstream UUID strings. Each segment gets the
-    OffsetBufferAllocator state, and each buffer the allocation handle, that upstream needs to
-    load the replica (derived from the extents, see :mod:`.mooncake_v1_allocator`).
+    no slot for it). Each segment gets the OffsetBufferAllocator state, and each buffer the
+    allocation handle, that upstream needs to load the replica (derived from the extents, see
+    :mod:`.mooncake_v1_allocator`), under its segment id (a state without one, built by hand,
+    gets an id derived from the name).
+
+    Refuses (:class:`~mooncake_columnar.errors.RollbackRefused`, nothing written) what upstream
+    could not load: segments awaiting their client's remount (upstream has no status for them;
+    its restore drops every object on a segment that is not OK and then fails), and client ids
+    that are not upstream UUID strings.
     """
     state.validate()
     objects, replicas, segments = state.objects, state.replicas, state.segments
     if (replicas.column("kind").to_numpy() != KIND_MEMORY).any():
         raise SerializeFail("v1 writer supports MEMORY replicas only")
+    unreadable = pc.invert(segments.column("readable"))
+    if pc.any(unreadable).as_py():  # upstream has no status for them (SegmentStatus 2 is DRAINING)
+        raise RollbackSegmentsAwaitingRemount(tuple(segments.column("name").filter(unreadable).to_pylist()))
     owners_col = segments.column("client")
-    try:
-        _check_uuids(objects.column("client"), "state", "objects.client")
-        _check_uuids(owners_col.filter(pc.not_equal(owners_col, "")), "state", "segments.client")
-    except SnapshotPayloadError as e:
-        raise SerializeFail(str(e)) from None
+    for field, clients in (("objects.client", objects.column("client")),
+                           ("segments.client", owners_col.filter(pc.not_equal(owners_col, "")))):
+        bad = first_bad_uuid(clients)
+        if bad >= 0:
+            raise RollbackClientIdsNotUpstream(field, clients[bad].as_py())
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-    seg_uuid = [_segment_uuid(name) for name in segments.column("name").to_pylist()]
+    seg_uuid = [uid or _segment_uuid(name) for uid, name in zip(
+        segments.column("segment_id").to_pylist(), segments.column("name").to_pylist())]
 
     # Replicas in object order (CSR) so each object's replicas are one slice.
     order = np.argsort(replicas.column("object_index").to_numpy(), kind="stable")
@@ -460,12 +473,11 @@ def _segments_blob(segments: pa.Table, seg_uuid: list[str], allocators: SegmentA
                    compressor: zstandard.ZstdCompressor) -> bytes:
     seg_names = segments.column("name").to_pylist()
     mounted, owners = {}, {}
-    for row, (uid, name, endpoint, client, base, size, readable) in enumerate(zip(
+    for row, (uid, name, endpoint, client, base, size, host_id) in enumerate(zip(
             seg_uuid, seg_names, *(segments.column(c).to_pylist() for c in (
-                "endpoint", "client", "base", "size", "readable")))):
-        status = SEGMENT_STATUS_OK if readable else SEGMENT_STATUS_UNMOUNTING
+                "endpoint", "client", "base", "size", "host_id")))):
         allocator = pack_allocator(allocators.state(row), compressor)
-        mounted[uid] = [uid, name, base, size, endpoint, status, True, allocator, ""]
+        mounted[uid] = [uid, name, base, size, endpoint, SEGMENT_STATUS_OK, True, allocator, host_id]
         if client:
             owners.setdefault(client, []).append(uid)
     return compressor.compress(msgpack.packb({
@@ -497,9 +509,13 @@ def _metadata_blob(state: SnapshotState, rep_items: list[list], system_now_ns: i
     cols = [objects.column(c).to_pylist() for c in (
         "tenant", "key", "client", "put_start_time_ms", "size_bytes", "replica_count",
         "data_type", "hard_pinned", "group")]
+    checksum = dict(zip(state.checksums.column("object_index").to_pylist(),  # sparse: few objects
+                        state.checksums.column("checksum").to_pylist()))
     for i, (tenant, key, client, put_start, size, count, dtype, hard, group) in enumerate(zip(*cols)):
         meta = [client, put_start, size, int(lease_ms[i]), False, 0, count, dtype,
                 *rep_items[starts[i]:starts[i + 1]], hard, group]
+        if i in checksum:
+            meta.append(checksum[i])
         shards.setdefault(shard_index(group or key), []).append([tenant, key, meta])
     return msgpack.packb({
         "shards": {idx: compressor.compress(msgpack.packb({"metadata": sorted(items)}))

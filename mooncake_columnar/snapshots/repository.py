@@ -42,7 +42,7 @@ from ..errors import (
     SnapshotPublishError,
     SnapshotStorageUnavailable,
 )
-from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES
+from .arrow_codec import DIGEST_FILE, OPTIONAL_PAYLOAD_FILES, PAYLOAD_FILES
 from .manifest import (
     MANIFEST_FILE,
     V1_TAG,
@@ -64,8 +64,8 @@ SAVE_BACKUP_DIR = "mooncake_snapshot_save_backup"
 V1_PAYLOAD_FILES = ("metadata", "segments", "task_manager")
 V1_DESCRIPTOR_FILE = "descriptor.txt"
 # Every file name a snapshot directory may hold (v2, standby, v1), and the cluster directory's.
-SNAPSHOT_FILES = frozenset({MANIFEST_FILE, DIGEST_FILE, *PAYLOAD_FILES, *V1_PAYLOAD_FILES,
-                            V1_DESCRIPTOR_FILE})
+SNAPSHOT_FILES = frozenset({MANIFEST_FILE, DIGEST_FILE, *PAYLOAD_FILES, *OPTIONAL_PAYLOAD_FILES,
+                            *V1_PAYLOAD_FILES, V1_DESCRIPTOR_FILE})
 CLUSTER_FILES = frozenset({LATEST_FILE})
 # Upstream's cluster id rule; "." and ".." are excluded on top of it (they are path steps).
 _CLUSTER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")

@@ -1,8 +1,9 @@
 """Standby snapshot: the standby's materialized oplog state as Arrow IPC, under its own version.
 
 Lease-recovery RFC Phase 1, "Standby metadata wire model": the payload carries tenant, key, client,
-size, replica descriptors, data type, group, hard_pinned, soft_pin_enabled and the last applied
-sequence id, and NEVER a lease deadline, soft-pin deadline, remaining TTL or read time (the
+size, replica descriptors, data type, group, hard_pinned, soft_pin_enabled, the put start time
+(upstream's version epoch, a timestamp, not a deadline), each segment's upstream id and host id,
+and the last applied sequence id, and NEVER a lease deadline, soft-pin deadline, remaining TTL or read time (the
 schemas below are the whole contract; a test checks that no column name even mentions one). The
 version string is its own, independent of the complete-snapshot "1.0.0"/"2.0.0" and of their
 clock mapping.
@@ -22,7 +23,9 @@ full Arrow validation, so offsets, UTF-8 of keys and names, exact schema, no nul
 anything indexes a table; then the indexes the engine conversion relies on are checked. Every
 failure is a typed :class:`SnapshotError` naming the file, the field and, where known, the row.
 The only leniency is the RFC's compatibility rule: an older objects file without
-``hard_pinned`` / ``soft_pin_enabled`` decodes with both False.
+``hard_pinned`` / ``soft_pin_enabled`` decodes with both False, and one without
+``put_start_time_ms`` with 0 (not recorded); an older segments file without ``segment_id`` /
+``host_id`` decodes with "" (the engine generates a segment id when it loads the segment).
 
 The store loads the newest usable snapshot and falls back to older ones, recording why each
 was rejected (:meth:`StandbySnapshotStore.load_latest_with`).
@@ -80,6 +83,7 @@ STANDBY_OBJECTS_SCHEMA = pa.schema([
     pa.field("group", pa.string(), nullable=False),
     pa.field("hard_pinned", pa.bool_(), nullable=False),
     pa.field("soft_pin_enabled", pa.bool_(), nullable=False),
+    pa.field("put_start_time_ms", pa.int64(), nullable=False),  # system ms; 0: not recorded
 ])
 # the complete snapshot's replica columns without readability (a standby serves nothing yet)
 STANDBY_REPLICAS_SCHEMA = REPLICAS_ARROW_SCHEMA.remove(REPLICAS_ARROW_SCHEMA.get_field_index("readable"))
@@ -88,14 +92,22 @@ STANDBY_SEGMENTS_SCHEMA = pa.schema([
     pa.field("endpoint", pa.string(), nullable=False),
     pa.field("client", pa.string(), nullable=False),
     pa.field("capacity", pa.int64(), nullable=False),
+    pa.field("segment_id", pa.string(), nullable=False),  # upstream segment UUID; "": not recorded
+    pa.field("host_id", pa.string(), nullable=False),
 ])
-# Fields an older payload may lack, and the value they take (RFC "Standby/oplog compatibility").
-_OPTIONAL_OBJECT_FLAGS = ("hard_pinned", "soft_pin_enabled")
-# The objects schemas a file may have: the current one, or it without any of the optional flags.
-_OBJECTS_SCHEMAS = tuple(
-    pa.schema([f for f in STANDBY_OBJECTS_SCHEMA if f.name not in missing])
-    for k in range(len(_OPTIONAL_OBJECT_FLAGS) + 1)
-    for missing in itertools.combinations(_OPTIONAL_OBJECT_FLAGS, k))
+# Columns an older payload may lack, and the value they take (RFC "Standby/oplog compatibility").
+_OPTIONAL_OBJECT_COLUMNS = {"hard_pinned": False, "soft_pin_enabled": False, "put_start_time_ms": 0}
+_OPTIONAL_SEGMENT_COLUMNS = {"segment_id": "", "host_id": ""}
+
+
+def _schemas_without(schema: pa.Schema, optional: dict) -> tuple[pa.Schema, ...]:
+    """``schema``, and it without any combination of the ``optional`` fields."""
+    return tuple(pa.schema([f for f in schema if f.name not in missing])
+                 for k in range(len(optional) + 1) for missing in itertools.combinations(optional, k))
+
+
+_OBJECTS_SCHEMAS = _schemas_without(STANDBY_OBJECTS_SCHEMA, _OPTIONAL_OBJECT_COLUMNS)
+_SEGMENTS_SCHEMAS = _schemas_without(STANDBY_SEGMENTS_SCHEMA, _OPTIONAL_SEGMENT_COLUMNS)
 
 _SEQ_KEY = b"mooncake.last_sequence_id"  # replicas.arrow schema metadata, canonical decimal
 _MANIFEST = re.compile(r"([^|]+)\|([^|]+)\|([^|]+)\|(0|[1-9][0-9]{0,18})\Z")
@@ -177,14 +189,15 @@ def _read(data: bytes | pa.Buffer, schemas: pa.Schema | tuple[pa.Schema, ...], n
         raise SnapshotPayloadError(f"{name}: unreadable Arrow IPC file: {type(e).__name__}: {e}") from None
 
 
-def _with_default_flags(objects: pa.Table) -> pa.Table:
-    """Add the pin flags an older payload lacks, as False, at their schema positions."""
-    for flag in _OPTIONAL_OBJECT_FLAGS:
-        if flag not in objects.column_names:
-            at = min(STANDBY_OBJECTS_SCHEMA.get_field_index(flag), objects.num_columns)
-            objects = objects.add_column(at, STANDBY_OBJECTS_SCHEMA.field(flag),
-                                         pa.array(np.zeros(objects.num_rows, np.bool_)))
-    return objects
+def _with_defaults(table: pa.Table, schema: pa.Schema, optional: dict) -> pa.Table:
+    """Add the ``optional`` columns an older payload lacks, with their defaults, at their
+    schema positions."""
+    for name, default in optional.items():
+        if name not in table.column_names:
+            at = min(schema.get_field_index(name), table.num_columns)
+            field = schema.field(name)
+            table = table.add_column(at, field, pa.array([default] * table.num_rows, field.type))
+    return table
 
 
 def decode_standby(payloads: dict[str, bytes | pa.Buffer], last_sequence_id: int) -> StandbySnapshot:
@@ -197,10 +210,11 @@ def decode_standby(payloads: dict[str, bytes | pa.Buffer], last_sequence_id: int
         raise ManifestError(f"the manifest says last_sequence_id {last_sequence_id}, {REPLICAS_FILE} "
                             f"(covered by the digest) says {recorded[:24]!r}")
     return StandbySnapshot(
-        objects=_with_default_flags(_read(payloads[OBJECTS_FILE], _OBJECTS_SCHEMAS, OBJECTS_FILE)
-                                    .replace_schema_metadata(None)),
+        objects=_with_defaults(_read(payloads[OBJECTS_FILE], _OBJECTS_SCHEMAS, OBJECTS_FILE)
+                               .replace_schema_metadata(None), STANDBY_OBJECTS_SCHEMA, _OPTIONAL_OBJECT_COLUMNS),
         replicas=replicas.replace_schema_metadata(None),
-        segments=_read(payloads[SEGMENTS_FILE], STANDBY_SEGMENTS_SCHEMA, SEGMENTS_FILE).replace_schema_metadata(None),
+        segments=_with_defaults(_read(payloads[SEGMENTS_FILE], _SEGMENTS_SCHEMAS, SEGMENTS_FILE)
+                                .replace_schema_metadata(None), STANDBY_SEGMENTS_SCHEMA, _OPTIONAL_SEGMENT_COLUMNS),
         last_sequence_id=last_sequence_id,
     ).validate()
 

@@ -14,7 +14,7 @@ and :meth:`SnapshotState.encoded` convert, and every check below accepts either.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +29,9 @@ from ..errors import (
     SnapshotSchemaError,
 )
 from ..kernels.offset_allocator_v1 import multiplier_bits
+from ..upstream_ids import first_bad_uuid
 from ..schema import (
+    CHECKSUMS_ARROW_SCHEMA,
     KIND_MEMORY,
     MAX_KEY_BYTES,
     NAME_DICTIONARY,
@@ -39,6 +41,7 @@ from ..schema import (
     REPLICAS_ARROW_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
+    SEGMENTS_LEGACY_SCHEMA,
     ST_REMOVED,
     ReplicaKind,
     ReplicaStatus,
@@ -122,12 +125,40 @@ _LAYOUTS = {"objects": (OBJECTS_ARROW_SCHEMA, OBJECTS_PAYLOAD_SCHEMA),
             "segments": (SEGMENTS_ARROW_SCHEMA,)}
 
 
+def with_segment_identity(segments: pa.Table) -> pa.Table:
+    """A segments table in the current layout: one without the identity columns (written before
+    they existed) gets ``segment_id`` and ``host_id`` "" (unknown; the engine generates ids when
+    it loads the segments). Other tables are returned unchanged (validation judges them)."""
+    if not isinstance(segments, pa.Table) or segments.schema.names != SEGMENTS_LEGACY_SCHEMA.names:
+        return segments
+    empty = pa.array([""] * segments.num_rows, pa.string())
+    for name in ("segment_id", "host_id"):
+        segments = segments.append_column(SEGMENTS_ARROW_SCHEMA.field(name), empty)
+    return segments
+
+
 @dataclass(frozen=True)
 class SnapshotState:
     objects: pa.Table
     replicas: pa.Table
     segments: pa.Table
     replica_next_id: int
+    # upstream's object checksums, sparse (CHECKSUMS_ARROW_SCHEMA): objects without one have no row
+    checksums: pa.Table = field(default_factory=CHECKSUMS_ARROW_SCHEMA.empty_table)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", with_segment_identity(self.segments))
+
+    def with_objects_kept(self, keep: np.ndarray, objects: pa.Table, replicas: pa.Table) -> "SnapshotState":
+        """This state with only the objects ``keep`` (a mask over its objects) left: ``objects``
+        and ``replicas`` are the filtered tables (object_index renumbered); the checksums follow."""
+        sums = self.checksums
+        if sums.num_rows:
+            idx = sums.column("object_index").to_numpy()
+            kept = keep[idx]
+            sums = pa.table({"object_index": (np.cumsum(keep, dtype=np.int64) - 1)[idx[kept]],
+                             "checksum": sums.column("checksum").to_numpy()[kept]}, schema=CHECKSUMS_ARROW_SCHEMA)
+        return replace(self, objects=objects, replicas=replicas, checksums=sums)
 
     def plain(self) -> "SnapshotState":
         """This state with string name columns (the ``*_ARROW_SCHEMA`` layout)."""
@@ -173,6 +204,7 @@ class SnapshotState:
             check_table(getattr(self, name), schemas, name)
         next_id = self._validate_next_id()
         self._validate_objects(check_unique_keys)
+        self._validate_checksums()
         unit_bits = self._validate_segments()
         self._validate_replicas(next_id, unit_bits, check_unique_keys if check_overlaps is None else check_overlaps)
         return self
@@ -202,6 +234,13 @@ class SnapshotState:
             _check_range("objects", "key", pc.binary_length(objs.column("key")).to_numpy(), 1, MAX_KEY_BYTES,
                          "bytes long")
 
+    def _validate_checksums(self) -> None:
+        check_table(self.checksums, CHECKSUMS_ARROW_SCHEMA, "checksums")
+        idx = _np(self.checksums, "object_index")
+        _check_range("checksums", "object_index", idx, 0, self.objects.num_rows - 1)
+        _first_bad("checksums", "object_index", np.concatenate(([False], idx[1:] <= idx[:-1])), idx,
+                   "does not follow the previous row's (increasing: one checksum per object)")
+
     def _validate_segments(self) -> np.ndarray:
         """Checks the segments table; returns each row's allocation-unit bits."""
         segs = self.segments
@@ -217,6 +256,15 @@ class SnapshotState:
         # size >= 1 here, so INT64_MAX - size fits uint64: base + size stays within int64
         _first_bad("segments", "base", base > (INT64_MAX - size).astype(np.uint64), base,
                    "puts base + size past int64")
+        ids = segs.column("segment_id")
+        named = pc.not_equal(ids, "")
+        bad = first_bad_uuid(ids.filter(named))
+        if bad >= 0:
+            row = int(np.flatnonzero(named.to_numpy(zero_copy_only=False))[bad])
+            raise SnapshotFieldError("segments", "segment_id", row,
+                                     f"{ids[row].as_py()!r} is not an upstream UUID string")
+        if pc.count_distinct(ids.filter(named)).as_py() != pc.sum(named).as_py():
+            raise SnapshotFieldError("segments", "segment_id", None, "duplicate segment id")
         return multiplier_bits(size)
 
     def _validate_replicas(self, next_id: int, unit_bits: np.ndarray, check_overlaps: bool = True) -> None:
@@ -405,9 +453,10 @@ def segment_rows(replicas: pa.Table, segments: pa.Table) -> np.ndarray:
 
 
 def segment_usage(replicas: pa.Table, segments: pa.Table) -> np.ndarray:
-    """Bytes held per segment row: memory replicas that still own their extent (not REMOVED)."""
-    held = ((replicas.column("kind").to_numpy() == KIND_MEMORY)
-            & (replicas.column("status").to_numpy() != ST_REMOVED))
+    """Bytes per segment row as upstream counts them (its allocator's cur_size, what
+    QuerySegments reports): the sizes of the memory replicas on it, exact, not rounded to
+    allocation units; a REMOVED one counts until its buffer is freed."""
+    held = replicas.column("kind").to_numpy() == KIND_MEMORY
     code = segment_rows(replicas, segments)
     held &= code >= 0
     return np.bincount(code[held], weights=replicas.column("size").to_numpy()[held],

@@ -24,6 +24,7 @@ from ..kernels import hashing as hk
 from ..kernels import index_load
 from ..kernels import objects as ok
 from ..schema import (
+    CHECKSUMS_ARROW_SCHEMA,
     EMPTY_CODE,
     FLAG_GROUPED,
     FLAG_HARD_PINNED,
@@ -34,9 +35,9 @@ from ..schema import (
     KIND_MEMORY,
     OBJECTS_PAYLOAD_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
-    SEGMENTS_ARROW_SCHEMA,
 )
-from .segments import Segment
+from .objects import put_start_ms
+from .segments import Segment, segments_table
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 # Per-object columns a snapshot needs, and the replica slot columns (engine attribute names).
 FROZEN_OBJECT_COLUMNS = ("flags", "tenant", "client", "group", "size_bytes", "data_type",
-                         "lease_deadline_ns", "soft_pin_deadline_ns", "key_ref")
+                         "lease_deadline_ns", "soft_pin_deadline_ns", "key_ref", "put_start_rel")
 FROZEN_REPLICA_COLUMNS = ("replica_status", "replica_kind", "replica_segment", "replica_offset",
                           "replica_id")
 
@@ -63,13 +64,13 @@ class FrozenColumns:
 
     columns: dict[str, np.ndarray]
     arena: np.ndarray             # the key arena itself, not a copy: see freeze()
-    inflight_rows: np.ndarray     # rows with a put in flight, and their put start (system ms)
-    inflight_start_ms: np.ndarray
+    put_start_base_ms: int | None  # put_start_rel is ms after it (ObjectTable.set_put_start)
+    checksum_rows: np.ndarray      # the sparse object checksums (copies)
+    checksum_values: np.ndarray
     tenants: list[str]
     clients: list[str]
     group_names: list[str]
     segments: list[Segment | None]
-    segment_used: np.ndarray
     segment_readable: np.ndarray
     replica_next_id: int
 
@@ -90,15 +91,14 @@ def freeze(m: "MasterService", alloc: Allocator = _fresh) -> FrozenColumns:
         np.copyto(columns[name], src)
     if o.replica_more.size:  # wide objects' continuation rows (kernels/chains.py): rare, a plain copy
         columns["replica_more"] = o.replica_more[:hw].copy()
-    inflight_rows = np.flatnonzero(o.inflight[:hw] >= 0)
     s = m.segments
     return FrozenColumns(
-        columns=columns, arena=m.keys.arena, inflight_rows=inflight_rows,
-        inflight_start_ms=m._put_start_time_ms(inflight_rows),
+        columns=columns, arena=m.keys.arena, put_start_base_ms=o.put_start_base_ms,
+        checksum_rows=o.checksum_rows.copy(), checksum_values=o.checksum_values.copy(),
         tenants=[m.tenants.name(c) for c in range(len(m.tenants))],
         clients=[m.clients.name(c) for c in range(len(m.clients))],
         group_names=list(m._group_names), segments=list(s.info),
-        segment_used=s.used[:len(s.info)].copy(), segment_readable=s.readable[:len(s.info)].copy(),
+        segment_readable=s.readable[:len(s.info)].copy(),
         replica_next_id=int(m.next_replica_id))
 
 
@@ -185,10 +185,7 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     fl = rows(flags)
     n = fl.shape[0]
     grouped = (fl & FLAG_GROUPED) != 0
-    put_start = np.zeros(n, np.int64)
-    inflight = f.inflight_rows[is_live[f.inflight_rows]]
-    put_start[inflight if live is None else np.searchsorted(live, inflight)] = \
-        f.inflight_start_ms[is_live[f.inflight_rows]]
+    put_start = put_start_ms(rows(c["put_start_rel"]), f.put_start_base_ms)
     status = rows(c["replica_status"])
     used = status != 0
     chains = None
@@ -237,6 +234,7 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
             return rows(c[name])[r_idx, slot]
         src_size = rows(c["size_bytes"])[r_idx]
     kind, seg = reps("replica_kind"), reps("replica_segment")
+    used = _used_bytes(kind, seg, np.asarray(src_size), len(f.segments))
     seg_names = [s.name if s else "" for s in f.segments]
     all_memory = bool((kind == KIND_MEMORY).all()) and (not seg.size or seg.min() >= 0)
     if not all_memory:  # a LOCAL_DISK replica's "segment" is its owner client; others ""
@@ -258,18 +256,22 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
         "size": src_size,
         "readable": readable,
     })
-    live_segs = [(code, s) for code, s in enumerate(f.segments) if s is not None]
-    codes = np.array([code for code, _ in live_segs], np.int64)
-    segments = pa.table({
-        "name": [s.name for _, s in live_segs],
-        "endpoint": [s.endpoint for _, s in live_segs],
-        "client": [s.client for _, s in live_segs],
-        "base": pa.array([s.base for _, s in live_segs], pa.uint64()),
-        "size": pa.array([s.size for _, s in live_segs], pa.int64()),
-        "used": f.segment_used[codes] if codes.size else np.zeros(0, np.int64),
-        "readable": f.segment_readable[codes] if codes.size else np.zeros(0, np.bool_),
-    }, schema=SEGMENTS_ARROW_SCHEMA)
-    return SnapshotState(objects, replicas, segments, f.replica_next_id)
+    codes = np.array([code for code, s in enumerate(f.segments) if s is not None], np.int64)
+    segments = segments_table([f.segments[c] for c in codes], used[codes], f.segment_readable[codes])
+    checksums = pa.table({  # checksum rows are live object rows
+        "object_index": f.checksum_rows if live is None else np.searchsorted(live, f.checksum_rows),
+        "checksum": f.checksum_values}, schema=CHECKSUMS_ARROW_SCHEMA)
+    return SnapshotState(objects, replicas, segments, f.replica_next_id, checksums)
+
+
+def _used_bytes(kind: np.ndarray, seg: np.ndarray, size: np.ndarray, n_codes: int) -> np.ndarray:
+    """Bytes of the memory replicas on each segment code: the exact figure upstream reports
+    (its allocator's cur_size sums the buffers' sizes; a replica whose removal awaits durability
+    still holds its buffer). The engine's own ``SegmentTable.used`` counts whole allocation
+    units instead (above 3.75 GiB a unit is more than a byte)."""
+    memory = (kind == KIND_MEMORY) & (seg >= 0)
+    # float sums are exact here: one segment's bytes stay far below 2**53
+    return np.bincount(seg[memory], weights=size[memory], minlength=n_codes).astype(np.int64)
 
 
 def export_tables(m: "MasterService") -> "SnapshotState":
@@ -282,10 +284,13 @@ def load_tables(m: "MasterService", state: "SnapshotState", *, segments_readable
     """Fill an EMPTY master from a validated state (objects table order = replica object_index)."""
     segments = state.segments
     # segments first: replica segment names resolve to their codes
-    for name, endpoint, client, base, size in zip(*(segments.column(c).to_pylist() for c in
-                                                    ("name", "endpoint", "client", "base", "size"))):
-        m.segments.mount(Segment(name, endpoint, client, int(base), int(size)), readable=segments_readable)
-    append_objects(m, state.objects, state.replicas)
+    for name, endpoint, client, base, size, segment_id, host_id in zip(*(segments.column(c).to_pylist() for c in (
+            "name", "endpoint", "client", "base", "size", "segment_id", "host_id"))):
+        m.segments.mount(Segment(name, endpoint, client, int(base), int(size), segment_id, host_id),
+                         readable=segments_readable)
+    rows = append_objects(m, state.objects, state.replicas)
+    m.objects.set_checksums(rows[state.checksums.column("object_index").to_numpy()],
+                            state.checksums.column("checksum").to_numpy())
     _rebuild_allocators(m)
 
 
@@ -333,11 +338,13 @@ def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) ->
             _or_flag(flags, np.frombuffer(bools.buffers()[1], np.uint8), bools.offset, bit)
     if not isinstance(sel, slice):
         o.flags[sel] = flags
+    put_start = objects.column("put_start_time_ms").to_numpy()
+    o.set_put_start(rows, put_start)
     processing = np.flatnonzero(flags & FLAG_PROCESSING)
     if processing.size:
         slots = m.inflight.take(rows[processing])
         o.inflight[rows[processing]] = slots
-        m.inflight.started(slots, objects.column("put_start_time_ms").to_numpy()[processing])
+        m.inflight.started(slots, put_start[processing])
     _load_keys(m, rows, objects.column("key"))
     _link_groups(m, rows, objects)
     _load_replicas(m, rows, replicas, fresh=isinstance(sel, slice))

@@ -17,7 +17,7 @@ import numpy as np
 from ..kernels import chains as ck
 from .growth import ColumnGrowth, GrowthJob, run_job
 from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, NO_DEADLINE,
-                      OBJECT_COLUMNS, REPLICA_COLUMNS)
+                      OBJECT_COLUMNS, PUT_START_NONE, REPLICA_COLUMNS)
 
 _OBJECT_FILL = {
     "lease_deadline_ns": NEVER_LEASED,
@@ -26,7 +26,12 @@ _OBJECT_FILL = {
     "client": EMPTY_CODE,
     "tenant": EMPTY_CODE,
     "inflight": EMPTY_CODE,
+    "put_start_rel": PUT_START_NONE,
 }
+# put_start_rel holds ms after a per-table base in a uint32 (4 bytes an object instead of 8).
+PUT_START_SPAN = 0xFFFF_FFFE      # largest offset: about 49.7 days
+_PUT_START_BACK = 1 << 30         # room kept below the oldest put start when (re)basing: ~12.4 days
+_PUT_START_AHEAD = 1 << 31        # room kept above the newest when the range outgrows the span: ~24.8 days
 _REPLICA_FILL = {"replica_segment": EMPTY_CODE}
 _NO_CHAINS = np.empty(0, np.int32)
 
@@ -66,6 +71,11 @@ class ObjectTable:
         self.live_count = 0
         self.replica_more = _NO_CHAINS           # per row: next row of its replica chain, -1; see chains.py
         self.cont_count = 0                      # continuation rows in use
+        self.put_start_base_ms: int | None = None  # see set_put_start
+        # upstream's optional object checksum, sparse: the (sorted) rows that have one
+        self.checksum_rows = np.empty(0, np.int64)
+        self.checksum_values = np.empty(0, np.uint64)
+        self._put_start_bounds: tuple[int, int] | None = None  # oldest and newest put start ever stored
 
     # ---- growth ------------------------------------------------------------------------------
     def reserve(self, extra: int) -> None:
@@ -137,6 +147,9 @@ class ObjectTable:
                 self.group_next[conts] = conts
                 self.cont_count -= conts.size
                 rows = np.concatenate((rows, conts))
+        if self.checksum_rows.size:  # a recycled row starts without a checksum
+            keep = ~np.isin(self.checksum_rows, rows)
+            self.checksum_rows, self.checksum_values = self.checksum_rows[keep], self.checksum_values[keep]
         self._push_free(rows)
 
     def _push_free(self, rows: np.ndarray) -> None:
@@ -187,6 +200,69 @@ class ObjectTable:
         rank = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         return new[first + rank // per], rank % per
 
+    # ---- object checksums (sparse) ------------------------------------------------------------
+    def set_checksums(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Give ``rows`` (distinct) upstream object checksums (replacing any they had)."""
+        rows = np.asarray(rows, np.int64)
+        if rows.size == 0:
+            return
+        keep = ~np.isin(self.checksum_rows, rows)
+        r = np.concatenate((self.checksum_rows[keep], rows))
+        v = np.concatenate((self.checksum_values[keep], np.asarray(values, np.uint64)))
+        order = np.argsort(r, kind="stable")
+        self.checksum_rows, self.checksum_values = r[order], v[order]
+
+    # ---- put start times --------------------------------------------------------------------
+    def set_put_start(self, rows: np.ndarray, ms: np.ndarray | int) -> None:
+        """Record the system-clock put start (ms; 0: unknown) of ``rows``.
+
+        Stored as uint32 ms after ``put_start_base_ms`` (PUT_START_NONE: unknown), exact while
+        every put start held lies within PUT_START_SPAN (~49.7 days) of one another. The base
+        follows the values: a put start outside the window moves it (one vectorized pass over
+        the column, rare: the window keeps ~12 days of room below the oldest value and, once the
+        values span more than it, ~24.8 days above the newest). Overflow handling: when the put
+        starts held span more than the window, the newest stay exact and those older than the
+        window's start read as its start (saturated: later than they were, never earlier).
+        """
+        rows = np.asarray(rows, np.int64)
+        ms = np.broadcast_to(np.asarray(ms, np.int64), rows.shape)
+        known = ms > 0
+        if known.any():
+            lo, hi = int(ms[known].min()), int(ms[known].max())
+            base = self.put_start_base_ms
+            outside = base is None or lo < base or hi > base + PUT_START_SPAN
+            if self._put_start_bounds is not None:
+                lo, hi = min(lo, self._put_start_bounds[0]), max(hi, self._put_start_bounds[1])
+            self._put_start_bounds = (lo, hi)
+            if outside:
+                self._rebase_put_start(lo, hi)
+        base = self.put_start_base_ms or 0
+        self.put_start_rel[rows] = np.where(known, np.clip(ms - base, 0, PUT_START_SPAN),
+                                            PUT_START_NONE).astype(np.uint32)
+
+    def put_start_ms(self, rows: np.ndarray) -> np.ndarray:
+        """System-clock put start (ms, int64; 0: unknown) of ``rows``."""
+        return put_start_ms(self.put_start_rel[rows], self.put_start_base_ms)
+
+    def _rebase_put_start(self, lo: int, hi: int) -> None:
+        """A put start fell outside the window: move the base so that [lo, hi] (every put start
+        stored so far) fits, or, when it cannot, so that the newest do; shift the stored offsets."""
+        old = self.put_start_base_ms
+        if hi - lo <= PUT_START_SPAN - _PUT_START_BACK:
+            base = lo - _PUT_START_BACK
+        elif hi - lo <= PUT_START_SPAN:  # still all exact, with less room
+            base = lo
+        elif old is None or hi > old + PUT_START_SPAN:
+            base = hi + _PUT_START_AHEAD - PUT_START_SPAN
+        else:  # only older ones fell below a window already as late as it can be: they saturate
+            return
+        self.put_start_base_ms = base
+        if old is None or old == base:
+            return
+        col = self.put_start_rel[:self.high_water]
+        stored = col != PUT_START_NONE
+        col[stored] = np.clip(col[stored].astype(np.int64) + (old - base), 0, PUT_START_SPAN).astype(np.uint32)
+
     def live_rows(self) -> np.ndarray:
         hw = self.high_water
         return np.flatnonzero(self.flags[:hw] & FLAG_LIVE).astype(np.int64)
@@ -196,4 +272,9 @@ class ObjectTable:
         per_row = sum(dt.itemsize for dt in OBJECT_COLUMNS.values())
         per_row += self.slots * sum(dt.itemsize for dt in REPLICA_COLUMNS.values())
         per_row += self.replica_more.itemsize if self.replica_more.size else 0
-        return per_row * self.high_water + self.free_rows.nbytes
+        return per_row * self.high_water + self.free_rows.nbytes + self.checksum_rows.nbytes + self.checksum_values.nbytes
+
+
+def put_start_ms(rel: np.ndarray, base_ms: int | None) -> np.ndarray:
+    """System-clock ms (int64; 0 where PUT_START_NONE) of stored put_start_rel values."""
+    return np.where(rel == PUT_START_NONE, 0, rel.astype(np.int64) + (base_ms or 0))

@@ -2,16 +2,26 @@
 
 Segments are few (one per client buffer), so their descriptive fields are plain Python; the
 arrays the kernels read (readable, allocatable, capacity, used, free extents) are NumPy.
+
+Each segment carries upstream's identity besides its name: ``segment_id`` (upstream's segment
+UUID, ``"<u64>-<u64>"``, unique among mounted segments; one is generated at mount when none is
+given) and ``host_id`` (upstream ``Segment.host_id``, may be empty). A v1 rollback writes them
+back, so a client that remounts with its real segment id finds its segment (never a second one
+over the same memory).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
+import pyarrow as pa
 from numba.typed import List
 
 from ..kernels import allocation as ak
 from ..kernels.offset_allocator_v1 import multiplier_bits
+from ..schema import SEGMENTS_ARROW_SCHEMA
+from ..upstream_ids import new_upstream_uuid
 
 
 @dataclass(frozen=True)
@@ -21,12 +31,22 @@ class Segment:
     client: str
     base: int
     size: int
+    segment_id: str = ""  # upstream segment UUID string; "" only before mount assigns one
+    host_id: str = ""
+
+    def same_mount(self, other: "Segment") -> bool:
+        """``other`` describes this segment: same name, endpoint, client, base and size, and the
+        same id and host id where ``other`` gives them (a mount request without an id matches)."""
+        return ((self.name, self.endpoint, self.client, self.base, self.size)
+                == (other.name, other.endpoint, other.client, other.base, other.size)
+                and other.segment_id in ("", self.segment_id) and other.host_id in ("", self.host_id))
 
 
 class SegmentTable:
     def __init__(self, capacity: int = 16) -> None:
         self.info: list[Segment | None] = []
         self.by_name: dict[str, int] = {}
+        self.by_id: dict[str, int] = {}  # segment_id -> code
         self.readable = np.zeros(capacity, np.bool_)      # endpoint valid: replicas can serve reads
         self.allocatable = np.zeros(capacity, np.bool_)   # mounted and accepting new allocations
         self.capacity = np.zeros(capacity, np.int64)
@@ -53,14 +73,24 @@ class SegmentTable:
     def mounted_codes(self) -> np.ndarray:
         return np.array([c for c, s in enumerate(self.info) if s is not None], np.int64)
 
+    def code_of_id(self, segment_id: str) -> int:
+        return self.by_id.get(segment_id, -1)
+
     def mount(self, seg: Segment, *, readable: bool = True) -> int:
-        """Register a segment with one free extent covering it; returns its code."""
+        """Register a segment with one free extent covering it; returns its code. A segment
+        without an id gets a fresh one; an id already mounted raises ValueError."""
+        if not seg.segment_id:
+            seg = replace(seg, segment_id=self.fresh_id())
+        elif seg.segment_id in self.by_id:
+            raise ValueError(f"segment id {seg.segment_id!r} of {seg.name!r} is already mounted as "
+                             f"{self.info[self.by_id[seg.segment_id]].name!r}")
         code = next((c for c, s in enumerate(self.info) if s is None), len(self.info))
         if code == len(self.info):
             self.info.append(None)
             self._grow(code + 1)
         self.info[code] = seg
         self.by_name[seg.name] = code
+        self.by_id[seg.segment_id] = code
         self.capacity[code] = seg.size
         self.unit_bits[code] = multiplier_bits(np.int64(seg.size))
         self.used[code] = 0
@@ -72,10 +102,30 @@ class SegmentTable:
         self.allocatable[code] = readable
         return code
 
+    def fresh_id(self) -> str:
+        """An upstream-style segment id no mounted segment has."""
+        while True:
+            segment_id = new_upstream_uuid()
+            if segment_id not in self.by_id:
+                return segment_id
+
+    def replace_info(self, code: int, seg: Segment) -> None:
+        """Describe mounted segment ``code`` by ``seg`` (same name; a remount may bring the base,
+        and the real segment id and host id); ValueError if another segment holds the id."""
+        old = self.info[code]
+        assert old is not None and old.name == seg.name and seg.segment_id
+        if self.by_id.get(seg.segment_id, code) != code:
+            raise ValueError(f"segment id {seg.segment_id!r} is already mounted as "
+                             f"{self.info[self.by_id[seg.segment_id]].name!r}")
+        del self.by_id[old.segment_id]
+        self.info[code] = seg
+        self.by_id[seg.segment_id] = code
+
     def unmount(self, code: int) -> None:
         seg = self.info[code]
         assert seg is not None
         del self.by_name[seg.name]
+        del self.by_id[seg.segment_id]
         self.info[code] = None
         self.readable[code] = False
         self.allocatable[code] = False
@@ -117,3 +167,15 @@ class SegmentTable:
         for _ in range(new_cap - cap):
             self.extent_starts.append(np.empty(8, np.int64))
             self.extent_lengths.append(np.empty(8, np.int64))
+
+
+def segments_table(infos: Sequence[Segment], used: np.ndarray, readable: np.ndarray) -> pa.Table:
+    """Segments as a snapshot segments table (``SEGMENTS_ARROW_SCHEMA``), one row per segment of
+    ``infos`` with its ``used`` bytes and readability (segments are few: plain lists)."""
+    return pa.table({
+        "name": [s.name for s in infos], "endpoint": [s.endpoint for s in infos],
+        "client": [s.client for s in infos], "base": pa.array([s.base for s in infos], pa.uint64()),
+        "size": pa.array([s.size for s in infos], pa.int64()),
+        "used": pa.array(np.asarray(used, np.int64)), "readable": pa.array(np.asarray(readable, np.bool_)),
+        "segment_id": [s.segment_id for s in infos], "host_id": [s.host_id for s in infos],
+    }, schema=SEGMENTS_ARROW_SCHEMA)

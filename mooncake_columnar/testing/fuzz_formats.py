@@ -29,7 +29,7 @@ from ..config import MasterConfig
 from ..errors import NoUsableSnapshot
 from ..ha.apply import apply_batch
 from ..ha.oplog import OpLogBatch, OpLogOp, OpType, PutEndPayload, ReplicaDescriptor, SegmentPayload, \
-    _checksum, decode_batch, encode_batch
+    _WIRE_ARRAYS, _checksum, decode_batch, encode_batch
 from ..ha.standby import standby_snapshot_of, state_of_standby
 from ..ha.stores import EtcdOpLogStore, FileOpLogStore
 from ..master import MasterService
@@ -343,11 +343,8 @@ def wire_corpus(variant: int) -> Corpus:
     return {"batch": encode_batch(OpLogBatch(1, [op.at(1 + k) for k, op in enumerate(ops)]))}
 
 
-_WIRE_DTYPES = {"op": "u1", "tenant": "<i4", "client": "<i4", "size": "<u8", "data_type": "u1", "group": "<i4",
-                "hard_pinned": "u1", "soft_pin_enabled": "u1", "replica_count": "<u4", "replica_id": "<u8",
-                "replica_kind": "u1", "replica_segment": "<i4", "replica_offset": "<u8", "replica_size": "<u8",
-                "replica_status": "u1", "replica_endpoint": "<i4", "key_offsets": "<i8", "key_bytes": "u1",
-                "string_offsets": "<i8", "string_bytes": "u1"}
+# the oplog's own wire dtypes (bools as bytes, so a forged value may be any byte)
+_WIRE_DTYPES = {name: "u1" if dt == "?" else dt for name, dt in _WIRE_ARRAYS.items()}
 
 
 def _sealed_batch(top: dict) -> bytes:
