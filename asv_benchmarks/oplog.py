@@ -48,6 +48,7 @@ def put_end_columns(entries: int) -> OpLogColumns:
         size=(ones * OBJECT_BYTES).astype(np.uint64), data_type=np.full(entries, ObjectDataType.UNKNOWN, np.uint8),
         group=np.full(entries, 2, np.int32), hard_pinned=np.zeros(entries, np.bool_),
         soft_pin_enabled=np.zeros(entries, np.bool_), replica_count=ones.astype(np.uint32),
+        put_start_time_ms=np.full(entries, 1_700_000_000_000, np.uint64),
         replica_id=(i + 1).astype(np.uint64), replica_kind=np.full(entries, ReplicaKind.MEMORY, np.uint8),
         replica_segment=(3 + i % SEGMENTS).astype(np.int32), replica_offset=(i * OBJECT_BYTES).astype(np.uint64),
         replica_size=(ones * OBJECT_BYTES).astype(np.uint64),
