@@ -12,7 +12,7 @@ from .errors import InvalidParams, SegmentAlreadyExists, UnavailableInCurrentSta
 from .ha.journal import NOT_JOURNALED, PendingEntries
 from .kernels import objects as ok
 from .recovery import RemountReport, recover_segments
-from .schema import KIND_MEMORY, PingStatus
+from .schema import PingStatus
 from .store.segments import Segment
 from .upstream_ids import is_upstream_uuid
 from .validation import _locked, _require_int, _require_str
@@ -82,9 +82,8 @@ class SegmentsMixin:
             journaled = self._journal_segments([self.segments.info[code]], mounted=False)
             self.segments.allocatable[code] = False  # allocator dropped: nothing on it is freed
             hw = o.high_water
-            on_seg = np.unique(o.owners(np.flatnonzero(
-                ((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == int(KIND_MEMORY))
-                 & (o.replica_status[:hw] != 0)).any(axis=1)))) if self._ledger_on else None
+            on_seg = (np.unique(o.owners(np.flatnonzero(o.memory_slots_on(code).any(axis=1))))
+                      if self._ledger_on else None)
             if on_seg is not None:
                 self._charge(on_seg, -1)
             emptied = ok.drop_slots_on_segment(code, hw, o.flags, o.replica_segment,

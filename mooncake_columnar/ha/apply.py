@@ -91,10 +91,8 @@ def _apply_segment(m: "MasterService", ids: ReplicaIdIndex, seq: int, op: OpType
     else:
         code = m.segments.code(p.name)
         if code >= 0:
-            o, hw = m.objects, m.objects.high_water
-            on_seg = ((o.replica_segment[:hw] == code) & (o.replica_kind[:hw] == KIND_MEMORY)
-                      & (o.replica_status[:hw] != 0))  # the slots the unmount drops
-            dropped = o.replica_id[:hw][on_seg]
+            o = m.objects
+            dropped = o.replica_id[:o.high_water][o.memory_slots_on(code)]  # the slots the unmount drops
             m._unmount_codes([code])
             ids.replace(dropped, dropped[:0])
 

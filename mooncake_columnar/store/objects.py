@@ -16,8 +16,8 @@ import numpy as np
 
 from ..kernels import chains as ck
 from .growth import ColumnGrowth, GrowthJob, run_job
-from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, NO_DEADLINE,
-                      OBJECT_COLUMNS, PUT_START_NONE, REPLICA_COLUMNS)
+from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, KIND_MEMORY, NEVER_LEASED, NO_DEADLINE,
+                      OBJECT_COLUMNS, PUT_START_NONE, REPLICA_COLUMNS, ST_EMPTY)
 
 _OBJECT_FILL = {
     "lease_deadline_ns": NEVER_LEASED,
@@ -268,6 +268,13 @@ class ObjectTable:
         col = self.put_start_rel[:self.high_water]
         stored = col != PUT_START_NONE
         col[stored] = np.clip(col[stored].astype(np.int64) + (old - base), 0, PUT_START_SPAN).astype(np.uint32)
+
+    def memory_slots_on(self, segment: int) -> np.ndarray:
+        """(high_water, R) mask of the slots holding a memory replica on segment code ``segment``
+        (what unmounting it drops)."""
+        hw = self.high_water
+        return ((self.replica_segment[:hw] == segment) & (self.replica_kind[:hw] == KIND_MEMORY)
+                & (self.replica_status[:hw] != ST_EMPTY))
 
     def live_rows(self) -> np.ndarray:
         hw = self.high_water
