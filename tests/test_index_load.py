@@ -1,5 +1,5 @@
 """kernels/index_load.py: the bulk-built key index answers lookups, inserts and deletes exactly
-like one built by hashing.insert_rows, and reports duplicates instead of indexing them."""
+like one built by hashing.insert_rows_unique, and reports duplicates instead of indexing them."""
 from __future__ import annotations
 
 import numpy as np
@@ -42,7 +42,7 @@ def test_bulk_index_answers_like_sequential_inserts(n: int) -> None:
     rows = np.random.default_rng(1).permutation(n).astype(np.int64)
     bulk, seq = _table(n), _table(n)
     assert bulk_insert_unique(bulk, rows, arena, refs, tenants) == -1
-    hk.insert_rows(seq, rows, arena, refs, tenants)
+    assert hk.insert_rows_unique(seq, rows, arena, refs, tenants) == -1
     assert np.array_equal(np.sort(bulk), np.sort(seq))  # the same entries, maybe other slots
     for table in (bulk, seq):
         assert np.array_equal(hk.find_rows(table, arena, refs, tenants, offsets, arena, tenants), np.arange(n))

@@ -29,7 +29,7 @@ def test_key_index_matches_dict_under_churn(ops):
             index.reserve(1, len(key))
             index.arena[index.arena_used:index.arena_used + len(key)] = data
             objects.key_ref[row] = hk.key_ref(index.arena_used, len(key))
-            hk.insert_rows(index.table, row, index.arena, objects.key_ref, objects.tenant)
+            assert hk.insert_rows_unique(index.table, row, index.arena, objects.key_ref, objects.tenant) == -1
             index.note_inserted(1, index.arena_used + len(key))
             model[(tenant, key)] = int(row[0])
         elif not insert and found >= 0:
@@ -52,7 +52,7 @@ def _index_with_keys(n: int, tenants: int, capacity: int) -> tuple[KeyIndex, Obj
     index.reserve(n, int(offsets[-1]))
     index.arena[: offsets[-1]] = data[: offsets[-1]]
     objects.key_ref[rows] = (offsets[:-1] << hk.KEY_LENGTH_BITS) | np.diff(offsets)
-    hk.insert_rows(index.table, rows, index.arena, objects.key_ref, objects.tenant)
+    assert hk.insert_rows_unique(index.table, rows, index.arena, objects.key_ref, objects.tenant) == -1
     index.note_inserted(n, int(offsets[-1]))
     return index, objects, keys, tenant
 

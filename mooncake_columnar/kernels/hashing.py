@@ -298,17 +298,6 @@ def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
     return _find_rows_nogil(table, arena, key_refs, row_tenant, offsets, data, tenants)
 
 
-@njit(cache=True)
-def insert_rows(table, rows, arena, key_refs, row_tenant):
-    """Insert rows whose keys are known to be absent (index rebuilds)."""
-    hs = np.empty(_BLOCK, np.uint64)
-    scratch = np.empty((3, _BLOCK), np.int64)
-    for b in range(0, rows.shape[0], _BLOCK):
-        m = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)[0]
-        for t in range(m):
-            insert_row(table, rows[b + t], hs[t])
-
-
 @njit(inline="always", cache=True)
 def _hash_block(rows, b, m, arena, key_refs, row_tenant, hs, scratch):
     """Hash rows[b:b+m] into hs[:m] in two steps so their cache misses overlap: first load each

@@ -14,7 +14,7 @@ miss (about 200 ns per key at 10M keys here). The bulk build instead:
 
 Linear probing without deletes accepts any insertion order (each row lands in the first empty slot
 of its probe run at insert time), so the table answers lookups (and deletes) exactly like one built
-by ``hashing.insert_rows``; only the slot placement inside a cluster may differ. Every insert
+by ``hashing.insert_rows_unique``; only the slot placement inside a cluster may differ. Every insert
 checks for its (tenant, key) first: equal keys share a home slot, hence a window (or both are
 deferred), so a (tenant, key) already present is reported instead of inserted: the build is the
 uniqueness check of a loaded state.
