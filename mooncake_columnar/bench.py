@@ -398,7 +398,7 @@ def promoted_master(objects: int, *, segments: int = 1, replicas: int = 1, show_
     m.segments.readable[:] = False
     m.segments.allocatable[:] = False
     for i in range(segments):
-        m._touch_client(f"client-{i}", 2**62)  # the bench's clients never time out
+        m.liveness.touch(f"client-{i}", 2**62)  # the bench's clients never time out
     return m
 
 

@@ -32,7 +32,7 @@ def _say(msg: str) -> None:
 def _present(m: MasterService, keys) -> int:
     """Objects present (readable or not) among ``keys``; a lookup only, no read lease granted."""
     offsets, data = string_buffers(keys)
-    return int((m._lookup(offsets, data, "default") >= 0).sum())
+    return int((m.store.lookup(offsets, data, "default") >= 0).sum())
 
 
 def run_demo(objects: int = 200_000) -> int:

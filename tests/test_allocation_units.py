@@ -215,7 +215,7 @@ def _reversed_rows(state: SnapshotState) -> SnapshotState:
 def _promoted(m: MasterService, state: SnapshotState) -> MasterService:
     """A standby promotion: same state, segment unreadable until its client remounts."""
     p = MasterService.from_state(state, config=m.config, clocks=m.clocks, segments_readable=False)
-    p._touch_client(CLIENT, 2**62)
+    p.liveness.touch(CLIENT, 2**62)
     return p
 
 

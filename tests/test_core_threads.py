@@ -145,11 +145,11 @@ def test_threads_single_get_completes_while_big_batch_runs(call: str) -> None:
     if call == "batch_get_replica_list":
         keys = synthetic_keys(0, base).take(np.random.default_rng(3).integers(0, base, n))
         run = lambda: m.batch_get_replica_list(keys)  # noqa: E731
-        starts = _chunk_starts(m, "_lookup")  # the lookup pass, one call per chunk
+        starts = _chunk_starts(m.store, "lookup")  # the lookup pass, one call per chunk
     else:
         keys = synthetic_keys(base, n)
         run = lambda: m.batch_put_start(keys, np.full(n, 4096, np.int64), client_id=CLIENT)  # noqa: E731
-        starts = _chunk_starts(m, "_put_start")
+        starts = _chunk_starts(m.store, "insert_puts")
     probe = synthetic_keys(0, base).to_pylist()
     m.get_replica_list(probe[0])
     m.batch_get_replica_list(probe[:4096])  # compile the batch-sized kernel variants first
@@ -324,7 +324,7 @@ def test_threads_batch_read_looks_again_at_keys_changed_between_its_passes(
     keys = [f"k{i}" for i in range(10)]
     m.batch_put_start(keys, np.full(10, 100, np.int64), client_id=CLIENT)
     m.batch_put_end(keys, client_id=CLIENT)
-    row_of = lambda key: int(m._lookup(np.array([0, len(key)], np.int64), np.frombuffer(key.encode(), np.uint8),  # noqa: E731
+    row_of = lambda key: int(m.store.lookup(np.array([0, len(key)], np.int64), np.frombuffer(key.encode(), np.uint8),  # noqa: E731
                                        "default")[0])
     old_row = row_of("k3")
     real = batching.run_in_chunks

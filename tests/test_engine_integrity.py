@@ -63,7 +63,7 @@ def test_erase_refuses_a_row_that_is_not_live_and_changes_nothing(clocks):
     m.remove("x")
     before = (m.objects.free_count, m.objects.live_count, m.segment_usage())
     with pytest.raises(EngineInvariantError) as e:
-        m._erase_rows(np.array([row]))
+        m.store.erase_rows(np.array([row]))
     assert e.value.check == "erase_not_live"
     assert (m.objects.free_count, m.objects.live_count, m.segment_usage()) == before
 
@@ -74,7 +74,7 @@ def test_erase_refuses_a_row_named_twice_and_changes_nothing(clocks):
     m.put_end("x", client_id="client0")
     row = int(m.objects.live_rows()[0])
     with pytest.raises(EngineInvariantError):
-        m._erase_rows(np.array([row, row]))
+        m.store.erase_rows(np.array([row, row]))
     assert m.object_count() == 1 and m.get_replica_list("x")
     assert m.objects.flags[row] < 128  # the guard's scratch bit is cleared again
     m.verify()

@@ -75,7 +75,7 @@ def _busy(clocks: ManualClocks, *, tenants: bool = False) -> MasterService:
     _put(m, "abandoned", 5000, end=False, preferred_segments=("seg0",))
     clocks.advance(s=31)
     _put(m, "abandoned", 6000, preferred_segments=("seg0",))
-    assert m._discarded_seg.size
+    assert len(m.store.discarded)
     m.unmount_segment("seg1")
     more = [f"more-{i}" for i in range(80)]                # recycled rows, new offsets
     m.batch_put_start(more, np.full(len(more), 700), client_id=W)
@@ -152,10 +152,8 @@ def _overlap_streamed(m: MasterService) -> None:
 
 def _discarded_overlap(m: MasterService) -> None:
     r = _row(m, "k3")
-    m._discarded_seg = np.array([0], np.int64)
-    m._discarded_off = np.array([int(m.objects.replica_offset[r, 0]) + 10], np.int64)
-    m._discarded_size = np.array([100], np.int64)
-    m._discarded_release_ms = np.array([0], np.int64)
+    m.store.discarded.add(np.array([0], np.int64), np.array([int(m.objects.replica_offset[r, 0]) + 10], np.int64),
+                          np.array([100], np.int64), np.array([0], np.int64))
 
 
 def _free_overlap(m: MasterService) -> None:
@@ -246,7 +244,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[MasterService], None], str]] = {
     "replica_past_capacity": (lambda m: m.objects.replica_offset.__setitem__((_row(m, "k8"), 0), 64 * MB - 999),
                               "replica_extent"),
     "replica_misaligned": (_misaligned, "replica_alignment"),
-    "discarded_on_unmounted_segment": (lambda m: (_discarded_overlap(m), m._discarded_seg.__setitem__(0, 9)),
+    "discarded_on_unmounted_segment": (lambda m: (_discarded_overlap(m), m.store.discarded.seg.__setitem__(0, 9)),
                                        "replica_segment"),
     "free_list_not_coalesced": (_free_not_coalesced, "free_list"),
     "free_list_empty_extent": (lambda m: m.segments.extent_lengths[0].__setitem__(0, 0), "free_list"),

@@ -163,7 +163,7 @@ def test_an_eviction_cycle_larger_than_the_window_evicts_in_window_sized_chunks(
 
 
 def test_a_failed_remount_gives_its_oplog_reservation_back(tmp_path):
-    from mooncake_columnar.recovery import RecoveryFault
+    from mooncake_columnar.policies.recovery import RecoveryFault
     clocks = ManualClocks()
     _, standby = _primary_and_standby(tmp_path, clocks)
     promoted = standby.promote(timeout_s=1.0, journal_window=4)

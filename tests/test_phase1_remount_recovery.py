@@ -8,7 +8,7 @@ import pytest
 from conftest import MB, make_master
 from mooncake_columnar import NEVER_LEASED, NO_DEADLINE, MasterService, PingStatus, ReplicateConfig, SoftPinAction
 from mooncake_columnar.errors import InvalidParams, MooncakeError, ObjectHasLease, ReplicaNotReady
-from mooncake_columnar.recovery import RecoveryFault
+from mooncake_columnar.policies.recovery import RecoveryFault
 from mooncake_columnar.snapshots.state import SnapshotState
 
 MS = 1_000_000
@@ -37,7 +37,7 @@ def promoted(clocks, *, segments=2, objects=(("a", 1, {}), ), **cfg):
     m = MasterService.from_state(SnapshotState(objs, st.replicas, st.segments, st.replica_next_id),
                                  config=src.config, clocks=clocks, segments_readable=False)
     for i in range(segments):
-        m._touch_client(f"client{i}", 2**62)  # clients stay alive: readability is what is tested
+        m.liveness.touch(f"client{i}", 2**62)  # clients stay alive: readability is what is tested
     return m
 
 

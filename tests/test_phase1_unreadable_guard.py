@@ -21,7 +21,7 @@ def promoted(clocks, **cfg):
                       config=ReplicateConfig(group_id="G" if i < 2 else "", tenant_id="t" if i % 2 else "default"))
         src.put_end(f"k{i}", client_id="client0", tenant_id="t" if i % 2 else "default")
     m = MasterService.from_state(src.export_state(), config=src.config, clocks=clocks, segments_readable=False)
-    m._touch_client("client0", 2**62)  # the client stays alive: only readability is under test
+    m.liveness.touch("client0", 2**62)  # the client stays alive: only readability is under test
     clocks.advance(ms=FOREVER_MS)       # every lease is long expired
     return m
 

@@ -549,11 +549,11 @@ def test_manager_captures_one_clock_pair_under_the_lock(tmp_path: Path) -> None:
 
     class Probe:
         def system_ns(self) -> int:
-            seen.append(("system", m._lock._is_owned()))
+            seen.append(("system", m.lock._is_owned()))
             return clocks.system_ns()
 
         def steady_ns(self) -> int:
-            seen.append(("steady", m._lock._is_owned()))
+            seen.append(("steady", m.lock._is_owned()))
             return clocks.steady_ns()
 
     m.clocks = Probe()

@@ -81,11 +81,11 @@ def test_readers_between_steps_see_the_master_unchanged_and_a_mutator_finishes_t
             seen.append("read")
             assert m.get_replica_list(keys[len(seen)])
             assert m.exist_key(keys[-1]) and not m.exist_key("absent")
-            assert m._lock.settle is not None
+            assert m.lock.settle is not None
         elif not done and "put" not in seen:  # a mutating call: finishes every step first
             seen.append("put")
             m.put_start("between-steps", 4096, client_id=CLIENT)
-            assert m._lock.settle is None
+            assert m.lock.settle is None
         return done
 
     monkeypatch.setattr(growth.StagedGrowth, "step", step_then_call)
@@ -101,7 +101,7 @@ def test_readers_between_steps_see_the_master_unchanged_and_a_mutator_finishes_t
 def test_leases_granted_between_steps_survive_the_column_swap(small_steps: list[int]) -> None:
     m = _master(3000)
     key = synthetic_keys(5, 1).to_pylist()[0]
-    row = int(m._lookup(*_buffers(key), DEFAULT_TENANT)[0])
+    row = int(m.store.lookup(*_buffers(key), DEFAULT_TENANT)[0])
     jobs = m.objects.growth_jobs(50_000)
     staged = growth.StagedGrowth(jobs)
     assert not staged.step()  # part of the rows copied
@@ -128,7 +128,7 @@ def test_a_failing_growth_job_leaves_the_master_as_it_was(monkeypatch: pytest.Mo
     monkeypatch.setattr(growth.TableRehash, "step", no_memory)
     with pytest.raises(MemoryError):
         m.batch_put_start(synthetic_keys(10_000, 20_000), np.full(20_000, 4096), client_id=CLIENT)
-    assert m._lock.settle is None
+    assert m.lock.settle is None
     assert m.keys.table.shape == before[1] and _key_table_contents(m) == before[2]
     m.verify()
     monkeypatch.undo()
@@ -176,7 +176,7 @@ def test_rehash_by_stored_tags_finds_every_key() -> None:
     new = np.full(old.shape[0] * 4, hk.EMPTY_SLOT, np.int64)
     hk.rehash_slots(old, 0, old.shape[0], new)
     m.keys.table = new
-    rows = m._lookup(*_many(synthetic_keys(0, 2000)), DEFAULT_TENANT)
+    rows = m.store.lookup(*_many(synthetic_keys(0, 2000)), DEFAULT_TENANT)
     assert (rows >= 0).all() and np.unique(rows).size == 2000
     m.verify()
 
@@ -194,5 +194,5 @@ def test_a_single_put_that_crosses_a_growth_threshold_grows_in_steps(small_steps
     for i in range(m.objects.capacity - m.objects.high_water + 1):
         m.put_start(f"single-{i}", 4096, client_id=CLIENT)
     assert small_steps, "the put that needed a row beyond the capacity grew in steps"
-    assert m._lock.settle is None
+    assert m.lock.settle is None
     m.verify()

@@ -105,7 +105,8 @@ def _check_slots(m: "MasterService", owned: np.ndarray | None = None) -> np.ndar
 
 def _check_discarded(m: "MasterService", mounted: np.ndarray) -> None:
     """The pending extents of abandoned puts obey the memory-slot rules (a few, vectorised)."""
-    seg, off, size = m._discarded_seg, m._discarded_off, m._discarded_size
+    d = m.store.discarded
+    seg, off, size = d.seg, d.off, d.size
     if not seg.size:
         return
     s = m.segments
@@ -317,9 +318,10 @@ def _check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.nd
 def _sorted_discarded(m: "MasterService", n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Discarded extents as (offsets, held ends, per-segment bounds), sorted by (segment, offset)."""
     s = m.segments
-    seg = m._discarded_seg.astype(np.int64)
-    order = np.lexsort((m._discarded_off, seg))
-    seg, off, size = seg[order], m._discarded_off[order].astype(np.int64), m._discarded_size[order]
+    d = m.store.discarded
+    seg = d.seg.astype(np.int64)
+    order = np.lexsort((d.off, seg))
+    seg, off, size = seg[order], d.off[order].astype(np.int64), d.size[order]
     end = ak.held_end(off, size.astype(np.int64), s.unit_bits[seg], s.capacity[seg]) if seg.size else off
     return off, end.astype(np.int64), np.searchsorted(seg, np.arange(n + 1)).astype(np.int64)
 

@@ -257,7 +257,7 @@ def _walk_groups(group_head, group_next, flags, group, members, hw):
 def _check_groups(m: "MasterService") -> None:
     o = m.objects
     hw = o.high_water
-    n_groups = len(m._group_names)
+    n_groups = len(m.store.group_names)
     if len(m.groups) != n_groups or m.group_head.size < n_groups:
         _fail("group_head", f"{len(m.groups)} group codes, {n_groups} names, {m.group_head.size} heads")
     members = np.zeros(max(1, n_groups), np.int64)
@@ -275,7 +275,7 @@ def _check_groups(m: "MasterService") -> None:
         _fail("group_link", f"{_row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
     problem, g = _walk_groups(m.group_head, o.group_next, o.flags, o.group, members[:n_groups], hw)
     if problem:
-        name = m._group_names[g] if g < n_groups else "?"
+        name = m.store.group_names[g] if g < n_groups else "?"
         what = (f"head {int(m.group_head[g])} is not a LIVE member" if problem == 1
                 else f"the {int(members[g])} members are not one circular list")
         _fail("group_head" if problem == 1 else "group_link", f"group {g} ({name!r}): {what}")
@@ -284,7 +284,7 @@ def _check_groups(m: "MasterService") -> None:
 # ================================================================================ ledger, ids
 @njit(cache=True, nogil=True)
 def _ledger_sums(hw, flags, tenant, size, status, kind, more, n_tenants):
-    """quota.TenantLedger.charge over every LIVE row: (pending, committed, bad row or -1)."""
+    """store.ledger.TenantLedger.charge over every LIVE row: (pending, committed, bad row or -1)."""
     pending = np.zeros(n_tenants, np.int64)
     committed = np.zeros(n_tenants, np.int64)
     for r in range(hw):

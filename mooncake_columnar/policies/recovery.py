@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .clock import NS_PER_MS
-from .kernels import allocation as ak
-from .kernels import objects as ok
-from .kernels.leases import grant_recovery_masked
-from .store.segments import Segment
+from ..clock import NS_PER_MS
+from ..kernels import allocation as ak
+from ..kernels import objects as ok
+from ..kernels.leases import grant_recovery_masked
+from ..store.segments import Segment
 
 if TYPE_CHECKING:
-    from .master import MasterService
+    from ..master import MasterService
 
 log = logging.getLogger(__name__)
 # warn when the deadline assignment eats this share of the recovery TTL (RFC observability)
@@ -54,7 +54,7 @@ def _rebuild_one(m: "MasterService", bits: np.ndarray, matched: int, on: np.ndar
     """(free starts, free lengths, used bytes) of segment ``code`` from its held extents; a
     streaming pass when replicas lie in offset order, else gather + sort. Raises ValueError on
     an overlap, two extents sharing an allocation unit or an extent beyond the capacity."""
-    o, seg = m.objects, m.segments
+    o, seg = m.store.objects, m.store.segments
     capacity, unit_bits = int(seg.capacity[code]), int(seg.unit_bits[code])
     status, starts, lengths, used = ok.free_extents_of_segment(
         bits, code, capacity, unit_bits, o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
@@ -88,11 +88,11 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     """Recover standby-restored segments ``(code, requested segment)``. Raises on any failure,
     with nothing granted or published and every allocator as it was."""
     step = fault or (lambda name: None)
-    seg = m.segments
+    seg = m.store.segments
     codes = [c for c, _ in segments]
     step("locate")
     t_locate = time.perf_counter()
-    o = m.objects
+    o = m.store.objects
     hw = o.high_water
     on = np.zeros(max(1, len(seg.info)), np.bool_)
     on[codes] = True

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .kernels import eviction as ek
-from .store.objects import Chains
+from ..kernels import eviction as ek
+from ..store.objects import Chains
+from .offload import offload_instead
 
 if TYPE_CHECKING:
-    from .master import MasterService
+    from ..master import MasterService
 
 INT64_MAX = 2**63 - 1
 
@@ -73,7 +74,7 @@ class EvictionReport:
 
 
 def memory_used_ratio(m: "MasterService") -> float:
-    seg = m.segments
+    seg = m.store.segments
     cap = int(seg.capacity[seg.allocatable].sum())
     return float(seg.used[seg.allocatable].sum()) / cap if cap else 0.0
 
@@ -100,10 +101,10 @@ class _Planner:
     def __init__(self, m: "MasterService", now: int, tenant: int = -1) -> None:
         self.m = m
         self.now = now
-        o = m.objects
+        o = m.store.objects
         self.codes, self.counts, skipped = ek.census(
             now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
-            o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.segments.readable,
+            o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.store.segments.readable,
             o.replica_more)
         self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
@@ -117,7 +118,7 @@ class _Planner:
         count = int(self.counts[code])
         if want <= 0 or count == 0:
             return 0
-        o = self.m.objects
+        o = self.m.store.objects
         mark = ek.PLANNED_SOFT if allow_soft else ek.PLANNED
         if want_bytes == INT64_MAX and self.picked is not None:
             # usual case: no group among the earliest candidates, so the plan is exactly that
@@ -134,7 +135,7 @@ class _Planner:
             n, freed = ek.plan(ordered, want - planned, want_bytes - self.freed_bytes, self.now, allow_soft,
                                self.codes, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns, o.group_next,
                                o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
-                               o.replica_refcnt, self.m.segments.readable, o.replica_more)
+                               o.replica_refcnt, self.m.store.segments.readable, o.replica_more)
             planned += n
             self.freed_bytes += freed
             if planned >= want or self.freed_bytes >= want_bytes or k >= candidates.size:
@@ -151,7 +152,7 @@ class _Planner:
 
     def plan(self) -> EvictionPlan:
         """Planned rows in row order, re-validated, with the replicas to drop and to keep."""
-        o = self.m.objects
+        o = self.m.store.objects
         if self.picked is None:
             rows = np.flatnonzero(self.codes >= ek.PLANNED)
         else:
@@ -163,7 +164,7 @@ class _Planner:
         remaining = np.empty((chains.rows.size, o.slots), np.bool_)
         ek.finalize(rows, self.codes, self.now, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
                     o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
-                    self.m.segments.readable, o.replica_more, keep, chains.owner, chains.rows, removed, remaining)
+                    self.m.store.segments.readable, o.replica_more, keep, chains.owner, chains.rows, removed, remaining)
         return EvictionPlan(rows, chains, removed, remaining).subset(keep)
 
 
@@ -189,14 +190,14 @@ def batch_evict(m: "MasterService", target: float, lower: float) -> EvictionRepo
         return EvictionReport(target, lower, 0, 0, 0, 0, skipped, 0, time.perf_counter() - t0)
     nopin, soft = ek.NO_PIN_CANDIDATE, ek.SOFT_PINNED_CANDIDATE
     planner.take(nopin, math.ceil(base * target), allow_soft=False)          # first pass
-    released = m._release_discarded(m.clocks.system_ns() // 1_000_000)
+    released = m.store.release_discarded(m.clocks.system_ns() // 1_000_000)
     second = math.ceil(base * lower) - planner.count - released
     if second > 0:                                                            # fill to the lower bound
         got = planner.take(nopin, second, allow_soft=False)
         if got < second and allow_soft:
             planner.take(soft, second - got, allow_soft=True)                 # soft-pinned fallback
     plan = planner.plan()
-    evicted, freed, queued = m._apply_eviction(plan)
+    evicted, freed, queued = apply_eviction(m, plan)
     if evicted or released or queued:
         m.eviction_armed = False
         m.metrics.inc("eviction_success")
@@ -219,6 +220,27 @@ def evict_tenant_for_quota(m: "MasterService", tenant: int, deficit_bytes: int) 
     for code, soft in ((ek.NO_PIN_CANDIDATE, False), (ek.SOFT_PINNED_CANDIDATE, True)):
         if planner.freed_bytes < deficit_bytes and (allow_soft or not soft):
             planner.take(code, int(planner.counts[code]), allow_soft=soft, want_bytes=deficit_bytes)
-    _, freed, _ = m._apply_eviction(planner.plan())
-    m.metrics.inc("tenant_evicted_bytes", freed, tenant=m.tenants.name(tenant))
+    _, freed, _ = apply_eviction(m, planner.plan())
+    m.metrics.inc("tenant_evicted_bytes", freed, tenant=m.store.tenants.name(tenant))
     return freed
+
+
+def apply_eviction(m: "MasterService", plan: EvictionPlan) -> tuple[int, int, int]:
+    """Drop planned replicas (offloading instead where configured; with a journal: hidden now,
+    freed once durable, a full window stopping the cycle); returns (objects evicted, bytes
+    freed, offloads queued)."""
+    queued = 0
+    if m.config.enable_offload and m.config.offload_on_evict and plan.rows.size:
+        plan, queued = offload_instead(m, plan)
+    hit = plan.chains.any(plan.removed)
+    if not hit.any():
+        return 0, 0, queued
+    plan = plan.subset(hit)
+    if m.journal is not None:
+        done = m.journal.hide_then_free(plan.rows, plan)
+        if done < plan.rows.size:
+            m.metrics.inc("eviction_oplog_backpressure")
+            plan = plan.part(0, done)
+        o = m.store.objects
+        return int(plan.rows.size), int((o.size_bytes[plan.rows] * plan.chains.count(plan.removed)).sum()), queued
+    return int(plan.rows.size), m.store.drop_planned(plan), queued

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schema import KIND_MEMORY, ReplicaStatus
-from .store.objects import ObjectTable
+from ..schema import KIND_MEMORY, ReplicaStatus
+from .objects import ObjectTable
 
 _PROCESSING = int(ReplicaStatus.PROCESSING)
 _COMPLETE = int(ReplicaStatus.COMPLETE)
