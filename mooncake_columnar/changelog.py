@@ -6,7 +6,7 @@ without its entry; removals hide first and are freed once their entries are dura
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -40,11 +40,11 @@ class ChangeLog(Protocol):
         """Why the log stopped for good (None while it works)."""
         ...
 
-    def reserve(self, n: int) -> object | None:
+    def reserve(self, n: int) -> Any | None:
         """``n`` entries, or None (nothing reserved) when the window stayed full."""
         ...
 
-    def submit_put_ends(self, reservation: object, rows: np.ndarray) -> None:
+    def submit_put_ends(self, reservation: Any, rows: np.ndarray) -> None:
         """PUT_END of ``rows``, whose puts just completed, into ``reservation``."""
         ...
 

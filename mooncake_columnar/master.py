@@ -37,7 +37,6 @@ from .store.arrow_io import export_tables, load_tables
 from .store.keys import as_string_array, string_buffers
 from .store.metadata import MetadataStore
 from .store.segments import Segment
-from .warmup import warm_up_kernels
 from .validation import (
     _locked,
     _locked_reading,
@@ -48,6 +47,7 @@ from .validation import (
     _single_key,
     _validate_tenant,
 )
+from .warmup import warm_up_kernels
 
 if TYPE_CHECKING:
     from .ha.replica_ids import ReplicaIdIndex

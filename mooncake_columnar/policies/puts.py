@@ -10,11 +10,11 @@ import numpy as np
 from ..clock import NS_PER_MS
 from ..config import MAX_TTL_MS, MasterConfig
 from ..errors import ErrorCode, InvalidParams
+from ..kernels import objects as ok
 from ..messages import ReplicateConfig
 from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, MAX_KEY_BYTES,
                       ObjectDataType, ReplicaStatus, SoftPinAction)
 from ..store.metadata import MetadataStore
-from ..kernels import objects as ok
 from ..validation import _COMPLETE, _require_bool, _require_int, _require_str, _validate_tenant
 from . import eviction as ev
 
