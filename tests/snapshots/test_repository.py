@@ -1,5 +1,5 @@
-"""Repository contract (local directory and a real moto S3 server), publication order, backups,
-and v2/v1 restore with candidate fallback (RFC Phase 3)."""
+"""The snapshot store contract (local directory and a real moto S3 server), publication order,
+backups, and v2/v1 restore with candidate fallback (RFC Phase 3)."""
 from __future__ import annotations
 
 import uuid
@@ -12,9 +12,7 @@ import pytest
 
 from mooncake_columnar.clock import INT64_MAX, NS_PER_MS, NS_PER_S, ManualClocks
 from mooncake_columnar.errors import (
-    InvalidParams,
     NoUsableSnapshot,
-    SnapshotPayloadError,
     SnapshotPublishError,
 )
 from mooncake_columnar.schema import NEVER_LEASED, NO_DEADLINE
@@ -23,9 +21,8 @@ from mooncake_columnar.snapshots.manifest import MANIFEST_FILE, parse_manifest
 from mooncake_columnar.snapshots.mooncake_v1 import write_v1
 from mooncake_columnar.snapshots.repository import LATEST_FILE, SAVE_BACKUP_DIR, SnapshotRepository
 from mooncake_columnar.testing.s3_server import moto_s3
+from mooncake_columnar.testing.snapshot_store_contract import C, C0, S0, SnapshotStoreContract, restore_clocks
 from mooncake_columnar.testing.states import make_state
-
-A, B, C = "20260101_000000_000", "20260102_000000_000", "20260103_000000_000"
 
 
 @pytest.fixture(scope="module")
@@ -34,58 +31,13 @@ def s3_uri() -> Iterator[str]:
         yield uri
 
 
-@pytest.fixture(params=["local", "s3"])
-def repo(request: pytest.FixtureRequest, tmp_path: Path) -> SnapshotRepository:
-    if request.param == "local":
-        return SnapshotRepository(tmp_path / "root")
-    # A fresh cluster id per test keeps tests independent inside one bucket.
-    return SnapshotRepository(request.getfixturevalue("s3_uri"), cluster_id=f"c{uuid.uuid4().hex}")
-
-
-def _v1m(sid: str) -> str:
-    return f"messagepack|1.0.0|{sid}"
-
-
-def _v1p(metadata: bytes = b"m") -> dict[str, bytes]:
-    """Every upstream v1 payload: a v1 snapshot missing one is not published."""
-    return {"metadata": metadata, "segments": b"", "task_manager": b"t"}
-
-
-# ---- repository contract ------------------------------------------------------------------------
-def test_repository_contract(repo: SnapshotRepository) -> None:
-    assert repo.list() == [] and repo.latest() is None and repo.candidates() == []
-    repo.publish(A, _v1p(b"m" * 1000), _v1m(A))
-    repo.publish(B, _v1p(b"n"), _v1m(B))
-    assert repo.list() == [B, A] and repo.latest() == B and repo.candidates() == [B, A]
-    files = repo.read(A)
-    assert files.manifest == _v1m(A).encode()
-    assert files.payloads == _v1p(b"m" * 1000)
-    with pytest.raises(SnapshotPublishError):  # published snapshots are immutable
-        repo.publish(A, {"metadata": b"x"}, _v1m(A))
-    with pytest.raises(SnapshotPayloadError):  # a payload name A does not hold
-        repo.read_payloads(A, ("digest.json",))
-    with pytest.raises(InvalidParams):  # not a payload name at all
-        repo.read_payloads(A, ("nope",))
-    with pytest.raises(InvalidParams):
-        repo.publish("2026", {"a": b""}, _v1m(A))
-    with pytest.raises(InvalidParams):
-        repo.publish(C, {MANIFEST_FILE: b""}, _v1m(C))
-    repo.publish(C, _v1p(b"o"), _v1m(C))
-    assert repo.retain(2) == [A] and repo.list() == [C, B]
-    with pytest.raises(InvalidParams):
-        repo.retain(0)
-
-
-def test_candidates_follow_latest(repo: SnapshotRepository) -> None:
-    for sid in (A, B, C):
-        repo.publish(sid, _v1p(), _v1m(sid))
-    repo._put(repo._path(LATEST_FILE), f"{B}\n".encode())  # trimmed on read, like upstream
-    # C is newer than latest.txt but has its manifest, which is written after every payload: it
-    # is complete (only its latest.txt upload failed), so it is tried right after B, before A.
-    assert repo.latest() == B and repo.candidates() == [B, C, A]
-    assert repo.retain(1) == [A]  # the newest (C) is kept by count and B because latest.txt names it
-    repo._put(repo._path(LATEST_FILE), b"garbage")
-    assert repo.latest() is None and repo.candidates() == [C, B]
+class TestSnapshotStoreContract(SnapshotStoreContract):
+    @pytest.fixture(params=["local", "s3"])
+    def repo(self, request: pytest.FixtureRequest, tmp_path: Path) -> SnapshotRepository:
+        if request.param == "local":
+            return SnapshotRepository(tmp_path / "root")
+        # A fresh cluster id per test keeps tests independent inside one bucket.
+        return SnapshotRepository(request.getfixturevalue("s3_uri"), cluster_id=f"c{uuid.uuid4().hex}")
 
 
 def test_phase3_manifest_last_and_backup_identical(tmp_path: Path,
@@ -140,31 +92,10 @@ def test_phase3_manifest_last_and_backup_identical(tmp_path: Path,
 
 
 # ---- restore --------------------------------------------------------------------------------------
-S0 = 1_796_019_911_535 * NS_PER_MS   # snapshot wall clock
-C0 = 3_000 * NS_PER_S                # snapshot steady clock of the old process
-
-
-def _restore_clocks(downtime_s: float, steady_epoch_s: int = 50) -> ManualClocks:
-    return ManualClocks(steady_ns=steady_epoch_s * NS_PER_S, system_ns=S0 + int(downtime_s * NS_PER_S))
-
-
-def test_phase3_active_lease_conversion_with_downtime(repo: SnapshotRepository) -> None:
-    state = make_state(3, lease=[C0 + 10 * NS_PER_S, C0 + 60 * NS_PER_S, C0 - NS_PER_S],
-                       hard=[False, False, True])
-    write_snapshot(repo, state, S0, C0, compression="zstd")
-    clocks = _restore_clocks(downtime_s=4)
-    out, manifest, stats = restore_latest(repo, clocks)
-    c1 = clocks.steady_ns()
-    assert manifest.is_v2 and stats.format_version == "2.0.0" and stats.fallbacks == 0
-    assert out.objects.column("lease_deadline_ns").to_pylist() == [
-        c1 + 6 * NS_PER_S, c1 + 56 * NS_PER_S, c1 - 5 * NS_PER_S]
-    assert stats.objects_restored == 3 and stats.objects_dropped == 0
-
-
 def test_phase3_restore_time_reduces_remaining(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = SnapshotRepository(tmp_path)
     write_snapshot(repo, make_state(2, lease=C0 + 10 * NS_PER_S), S0, C0)
-    clocks = _restore_clocks(downtime_s=1)
+    clocks = restore_clocks(downtime_s=1)
     real_read = repo.read_payloads
 
     def slow_read(snapshot_id: str, names: tuple[str, ...]) -> dict[str, bytes]:
@@ -180,7 +111,7 @@ def test_phase3_restore_time_reduces_remaining(tmp_path: Path, monkeypatch: pyte
 def test_phase3_expired_stays_expired(tmp_path: Path) -> None:
     repo = SnapshotRepository(tmp_path)
     write_snapshot(repo, make_state(3, lease=[C0 - NS_PER_S, C0 + 2 * NS_PER_S, NEVER_LEASED]), S0, C0)
-    clocks = _restore_clocks(downtime_s=3)
+    clocks = restore_clocks(downtime_s=3)
     out, _, _ = restore_latest(repo, clocks, drop_expired=False)
     lease = out.objects.column("lease_deadline_ns").to_pylist()
     assert lease[0] < clocks.steady_ns() and lease[1] < clocks.steady_ns()
@@ -193,7 +124,7 @@ def test_phase3_soft_pin_conversion(tmp_path: Path) -> None:
     repo = SnapshotRepository(tmp_path)
     soft = [C0 + 30 * 60 * NS_PER_S, C0 - NS_PER_S, NO_DEADLINE]
     write_snapshot(repo, make_state(3, lease=C0 - NS_PER_S, soft=soft, soft_enabled=True), S0, C0)
-    clocks = _restore_clocks(downtime_s=60)
+    clocks = restore_clocks(downtime_s=60)
     c1 = clocks.steady_ns()
     out, _, stats = restore_latest(repo, clocks, drop_expired=False)
     assert out.objects.column("soft_pin_deadline_ns").to_pylist() == [
@@ -206,7 +137,7 @@ def test_phase3_soft_pin_conversion(tmp_path: Path) -> None:
 def test_phase3_hard_pinned_retained(tmp_path: Path) -> None:
     repo = SnapshotRepository(tmp_path)
     write_snapshot(repo, make_state(4, lease=C0 - NS_PER_S, hard=[True, False, True, False]), S0, C0)
-    out, _, stats = restore_latest(repo, _restore_clocks(downtime_s=1))
+    out, _, stats = restore_latest(repo, restore_clocks(downtime_s=1))
     assert out.objects.column("key").to_pylist() == ["key_000000", "key_000002"]
     assert stats.objects_dropped == 2
 
@@ -215,7 +146,7 @@ def test_phase3_expired_non_hard_pinned_dropped(tmp_path: Path) -> None:
     repo = SnapshotRepository(tmp_path)
     lease = [C0 + 5 * NS_PER_S, C0 + 20 * NS_PER_S, NEVER_LEASED]
     write_snapshot(repo, make_state(3, lease=lease), S0, C0)
-    out, _, stats = restore_latest(repo, _restore_clocks(downtime_s=10))
+    out, _, stats = restore_latest(repo, restore_clocks(downtime_s=10))
     assert out.objects.column("key").to_pylist() == ["key_000001"]
     assert stats.objects_restored == 1 and stats.objects_dropped == 2
     out.validate()
@@ -230,24 +161,12 @@ def test_phase3_positive_and_negative_skew(tmp_path: Path) -> None:
         assert out.objects.column("lease_deadline_ns").to_pylist() == [(9 + expected_s) * NS_PER_S]
 
 
-def test_phase3_candidate_fallback_after_malformed_mapping(repo: SnapshotRepository) -> None:
-    write_snapshot(repo, make_state(2, lease=C0 + 100 * NS_PER_S), S0, C0)
-    newer = write_snapshot(repo, make_state(5, lease=C0 + 100 * NS_PER_S), S0 + NS_PER_S, C0 + NS_PER_S)
-    good = repo.read_manifest(newer).decode()
-    for bad in (good.rsplit("|", 1)[0], good.replace("|3001", "|+3001"), good + "|1"):
-        repo._put(repo._path(newer, MANIFEST_FILE), bad.encode())
-        out, manifest, stats = restore_latest(repo, _restore_clocks(downtime_s=2))
-        assert out.objects.num_rows == 2 and manifest.snapshot_id != newer
-        assert stats.candidates_tried == 2 and stats.fallbacks == 1
-        assert stats.failures[0][0] == newer and "ManifestError" in stats.failures[0][1]
-
-
 def test_phase3_overflow_is_a_conversion_failure_and_falls_back(tmp_path: Path) -> None:
     repo = SnapshotRepository(tmp_path)
     write_snapshot(repo, make_state(1, lease=C0), S0, C0)
     # Valid manifest, but the mapping pushes a deadline past int64 in the new steady domain.
     write_snapshot(repo, make_state(1, lease=INT64_MAX - 10), S0 + NS_PER_S, -(10**18))
-    out, manifest, stats = restore_latest(repo, _restore_clocks(downtime_s=2), drop_expired=False)
+    out, manifest, stats = restore_latest(repo, restore_clocks(downtime_s=2), drop_expired=False)
     assert manifest.system_now_ns == S0 and stats.conversion_failures == 1 and stats.fallbacks == 1
 
 
@@ -260,12 +179,12 @@ def test_corrupt_payload_and_missing_files_fall_back(tmp_path: Path) -> None:
     data = (path / mid / "objects.arrow").read_bytes()
     (path / mid / "objects.arrow").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     (path / newest / "digest.json").unlink()
-    out, manifest, stats = restore_latest(repo, _restore_clocks(downtime_s=1))
+    out, manifest, stats = restore_latest(repo, restore_clocks(downtime_s=1))
     assert manifest.snapshot_id == oldest and stats.fallbacks == 2 and out.objects.num_rows == 1
     for sid in (mid, oldest):
         (path / sid / MANIFEST_FILE).unlink()
     with pytest.raises(NoUsableSnapshot) as info:
-        restore_latest(repo, _restore_clocks(downtime_s=1))
+        restore_latest(repo, restore_clocks(downtime_s=1))
     assert info.value.stats.candidates_tried == 3 and info.value.stats.fallbacks == 3
 
 
@@ -282,10 +201,10 @@ def test_background_write_and_mixed_v1_v2_candidates(tmp_path: Path) -> None:
     assert isinstance(future, Future)
     v2_id = future.result(timeout=30)
     assert repo.candidates() == [v2_id, v1_id]
-    out, manifest, _ = restore_latest(repo, _restore_clocks(downtime_s=1))
+    out, manifest, _ = restore_latest(repo, restore_clocks(downtime_s=1))
     assert manifest.is_v2 and out.objects.num_rows == 4
     repo._put(repo._path(v2_id, "digest.json"), b"{}")
-    clocks = _restore_clocks(downtime_s=1)
+    clocks = restore_clocks(downtime_s=1)
     out, manifest, stats = restore_latest(repo, clocks)
     assert not manifest.is_v2 and stats.format_version == "1.0.0" and stats.fallbacks == 1
     # v1 keeps system ms: 30 s at snapshot time, 1 s downtime -> 29 s left.
