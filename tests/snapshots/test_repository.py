@@ -3,7 +3,6 @@ backups, and v2/v1 restore with candidate fallback (RFC Phase 3)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -20,15 +19,8 @@ from mooncake_columnar.snapshots.complete import restore_latest, write_snapshot
 from mooncake_columnar.snapshots.manifest import MANIFEST_FILE, parse_manifest
 from mooncake_columnar.snapshots.mooncake_v1 import write_v1
 from mooncake_columnar.snapshots.repository import LATEST_FILE, SAVE_BACKUP_DIR, SnapshotRepository
-from mooncake_columnar.testing.s3_server import moto_s3
 from mooncake_columnar.testing.snapshot_store_contract import C, C0, S0, SnapshotStoreContract, restore_clocks
 from mooncake_columnar.testing.states import make_state
-
-
-@pytest.fixture(scope="module")
-def s3_uri() -> Iterator[str]:
-    with moto_s3() as uri:  # raises (test error, not skip) if moto cannot start
-        yield uri
 
 
 class TestSnapshotStoreContract(SnapshotStoreContract):
