@@ -48,6 +48,14 @@ def standby(store: OpLogStore, clocks: ManualClocks, **kw: Any) -> StandbyServic
     return StandbyService(store, clocks=clocks, sleep=lambda s: clocks.advance(s=s), **kw)
 
 
+def drain(sb: StandbyService, max_polls: int = 100_000) -> None:
+    """Poll until a poll applies nothing; fail if the standby still applies after ``max_polls``."""
+    for _ in range(max_polls):
+        if not sb.poll():
+            return
+    raise AssertionError(f"the standby still applied entries after {max_polls} polls: the log never drains")
+
+
 def canonical(m: MasterService) -> dict[tuple[str, str], tuple]:
     """Object state minus deadlines, put times, in-flight puts and readability (what the oplog carries)."""
     s = m.export_state()

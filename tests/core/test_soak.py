@@ -13,6 +13,7 @@ import time
 import traceback
 
 import numpy as np
+import pytest
 
 from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
 from mooncake_columnar.errors import (IllegalClient, InvalidWrite, NoAvailableHandle, ObjectAlreadyExists,
@@ -23,8 +24,10 @@ from mooncake_columnar.ha.stores import FileOpLogStore
 from mooncake_columnar.ha.writer import OpLogWriter
 from mooncake_columnar.snapshots.manager import SnapshotManager, restore_master
 from mooncake_columnar.snapshots.repository import SnapshotRepository
+from mooncake_columnar.testing.builders import drain
 
 SOAK_SECONDS = float(os.environ.get("MOONCAKE_SOAK_SECONDS", "20"))
+SOAK_TIMEOUT_S = SOAK_SECONDS + 300  # the soak itself, then stopping, catching up and restoring
 # the answers a client of a busy cache master gets and handles; anything else fails the soak
 EXPECTED = (ObjectNotFound, ObjectAlreadyExists, ObjectHasLease, ReplicaNotReady, NoAvailableHandle,
             InvalidWrite, IllegalClient, UnavailableInCurrentStatus)
@@ -141,6 +144,7 @@ class Soak:
         self.writer.flush()
 
 
+@pytest.mark.timeout(SOAK_TIMEOUT_S)
 def test_soak_clients_background_snapshots_and_standby_keep_every_invariant(tmp_path):
     s = Soak(tmp_path)
     s.run(SOAK_SECONDS)
@@ -152,8 +156,7 @@ def test_soak_clients_background_snapshots_and_standby_keep_every_invariant(tmp_
     s.m.verify()
 
     # the standby catches up to the durable log and holds exactly the primary's complete objects
-    while s.standby.poll():
-        pass
+    drain(s.standby)
     assert s.standby.applied_sequence_id == s.store.durable_prefix()
     s.standby.master.verify()
     primary = s.m.to_arrow()

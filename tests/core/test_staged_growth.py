@@ -4,6 +4,7 @@ the structure a one-shot growth builds."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -158,13 +159,16 @@ def test_gets_beside_a_growing_batch_put_stay_correct() -> None:
     th = threading.Thread(target=batcher)
     th.start()
     i = 0
+    deadline = time.monotonic() + 120  # bounds the wait for the batch thread
     while not done.is_set():
+        assert time.monotonic() < deadline, "the batch thread did not finish in 120 s"
         assert m.get_replica_list(probe[i % len(probe)])
         if i % 7 == 0:
             m.put_start(f"single-{i}", 4096, client_id=CLIENT)
             m.put_end(f"single-{i}", client_id=CLIENT)
         i += 1
     th.join(timeout=120)
+    assert not th.is_alive(), "the batch thread did not finish in 120 s"
     assert not errors, errors
     assert m.objects.capacity >= 200_000
     m.verify()

@@ -175,6 +175,7 @@ def test_threads_single_get_completes_while_big_batch_runs(call: str) -> None:
         waits.append(answered[-1] - t0)
         i += 1
     th.join(120)
+    assert not th.is_alive(), "the batch did not finish in 120 s"
     assert result and (result[0].codes == 0).all()
     # Gets issued after the first chunk began were answered before the last chunk began: the
     # batch released the lock in between. One unchunked call has a single chunk, so none
@@ -261,8 +262,9 @@ def test_threads_master_lock_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     th.start()
     queued(th)
     lock.release()
-    assert got.wait(30)
+    assert got.wait(30), "the waiter never got the lock"
     th.join(30)
+    assert not th.is_alive(), "the waiter did not finish in 30 s"
     assert not lock.waiters
 
     # turn up: the holder's next `with lock` queues behind the waiter
@@ -276,6 +278,7 @@ def test_threads_master_lock_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     with lock:
         order.append("holder")
     th.join(30)
+    assert not th.is_alive(), "the waiter did not finish in 30 s"
     assert order == ["waiter", "holder"]
 
 
@@ -308,6 +311,7 @@ def test_threads_busy_callers_hand_the_lock_over_per_turn_not_per_call(monkeypat
         th.start()
     for th in pool:
         th.join(30)
+        assert not th.is_alive(), f"{th.name} did not finish in 30 s"
     assert min(calls) > 0, calls
     # one handover per turn (TURN_S = 5 ms) and thread, with slack for a loaded host; a lock
     # that changes hands per call would hand over about sum(calls) times

@@ -49,7 +49,7 @@ from mooncake_columnar.schema import (
     ReplicaStatus,
 )
 from mooncake_columnar.snapshots.standby import StandbySnapshotStore
-from mooncake_columnar.testing.builders import canonical, primary, put_objects, standby
+from mooncake_columnar.testing.builders import canonical, drain, primary, put_objects, standby
 from mooncake_columnar.testing.etcd_server import EtcdServer
 
 SEG = SegmentPayload("seg0", "10.0.0.1:1", 1 << 24, "c0")
@@ -145,8 +145,7 @@ def test_same_key_ops_in_one_batch_apply_in_sequence_order(tmp_path: Path) -> No
     single = FileOpLogStore(tmp_path / "single")
     write_log(single, *[[e] for b in store.read_batches(0) for e in b.entries])
     one_by_one = standby(single, clocks, read_limit=1)
-    while one_by_one.poll():
-        pass
+    drain(one_by_one)
     assert canonical(one_by_one.master) == canonical(sb.master)
 
 
@@ -543,8 +542,7 @@ def test_oplog_state_machine_standby_equals_primary_minus_deadlines(tmp_path_fac
         except MooncakeError:
             pass  # refusals (not found, has lease, no space...) are part of the random walk
     w.flush()
-    while sb.poll():
-        pass
+    drain(sb)
     assert sb.applied_sequence_id == w.durable_prefix
     assert canonical(sb.master) == canonical(p)
     assert segments_of(sb.master) == segments_of(p)

@@ -335,7 +335,7 @@ def test_flusher_thread() -> None:
     w.start()
     done = threading.Event()
     w.submit(w.reserve(), [rm("a")], lambda entries: done.set())
-    assert done.wait(timeout=10)
+    assert done.wait(timeout=10), "the flusher thread did not flush in 10 s"
     r = w.reserve()
     w.submit(r, [rm("b")])
     w.stop()  # drains what was submitted
@@ -350,7 +350,7 @@ def test_flusher_thread_retries_after_a_transient_failure() -> None:
     done = threading.Event()
     w.start(max_backoff_s=0.01)
     w.submit(w.reserve(), [rm("a")], lambda entries: done.set())
-    assert done.wait(timeout=10)
+    assert done.wait(timeout=10), "the flusher thread did not flush in 10 s"
     w.stop()
     assert store.ids() == [1] and store.calls == 2
 

@@ -17,6 +17,8 @@ from mooncake_columnar.testing.fuzz_formats import ETCD_ENV, FORMATS, V1_FIXTURE
 from tests.fixtures import MOONCAKE_V1 as FIXTURES
 
 CASES = int(os.environ.get("MOONCAKE_FUZZ_CASES", "200"))
+# The first test that asks for the results runs every case: about 0.15 s per case for all formats.
+FUZZ_TIMEOUT = pytest.mark.timeout(300 + CASES)
 
 INTEGRITY_ERRORS = ("SnapshotDigestError", "OpLogChecksumError")
 
@@ -33,6 +35,7 @@ def fuzz_results(etcd) -> dict[str, list[dict]]:
     return results
 
 
+@FUZZ_TIMEOUT
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_fuzzed_format_is_refused_typed_or_loads_a_verified_engine(fuzz_results, name: str) -> None:
     results = fuzz_results[name]
@@ -41,6 +44,7 @@ def test_fuzzed_format_is_refused_typed_or_loads_a_verified_engine(fuzz_results,
     assert not failures, failure_report({name: failures})
 
 
+@FUZZ_TIMEOUT
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_fuzz_cases_get_past_the_integrity_checks(fuzz_results, name: str) -> None:
     # Forged cases recompute digests and checksums: most cases must reach the decoder's own

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "ci"
 # A status line: "[ 12.50%] ··· module.Class.name   ok" (long names are elided with "...").
@@ -25,6 +27,7 @@ def _asv(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
 
 
+@pytest.mark.timeout(1200)  # every benchmark once, in a subprocess: about 140 s alone, slower on a busy host
 def test_asv_quick_dry_run_passes(tmp_path: Path) -> None:
     assert importlib.util.find_spec("asv") is not None, "asv is not installed in this interpreter"
     env = dict(os.environ, HOME=str(tmp_path),  # asv machine writes ~/.asv-machine.json
