@@ -51,6 +51,7 @@ from mooncake_columnar.snapshots.standby import (
 )
 from mooncake_columnar.testing.builders import canonical, primary, put_objects, standby
 from mooncake_columnar.testing.etcd_server import EtcdServer
+from mooncake_columnar.testing.fuzz_mutate import write_ipc
 
 ROOT = Path(__file__).resolve().parents[2]
 Payloads = dict[str, bytes]
@@ -64,13 +65,6 @@ def with_digest(payloads: Payloads) -> Payloads:
     with write access can always do this, so only the decoder's checks stand in the way."""
     body = {k: v for k, v in payloads.items() if k != DIGEST_FILE}
     return {**body, DIGEST_FILE: digest_of(body, version=1)}
-
-
-def ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 def table_of(payloads: Payloads, name: str) -> pa.Table:
@@ -87,7 +81,7 @@ def with_value(table: pa.Table, column: str, row: int, value: object) -> pa.Tabl
 
 def forge_value(payloads: Payloads, name: str, column: str, row: int, value: object) -> Payloads:
     """One cell of a payload forged, digest recomputed."""
-    return with_digest({**payloads, name: ipc(with_value(table_of(payloads, name), column, row, value))})
+    return with_digest({**payloads, name: write_ipc(with_value(table_of(payloads, name), column, row, value))})
 
 
 def column_buffer_at(raw: bytes, table: pa.Table, column: str) -> tuple[int, int]:
@@ -438,7 +432,7 @@ def mutate(rng: random.Random, payloads: Payloads) -> tuple[str, Payloads]:
         forged = raw[:cut] if rng.random() < 0.5 else raw + bytes(rng.randrange(1, 64))
     else:
         table = table_of(payloads, name)
-        forged = _forge_buffer(rng, raw, table) if kind == "buffer+digest" else ipc(_forge_value(rng, table))
+        forged = _forge_buffer(rng, raw, table) if kind == "buffer+digest" else write_ipc(_forge_value(rng, table))
     return f"{kind} {name}", with_digest({**payloads, name: forged})
 
 

@@ -33,6 +33,7 @@ from mooncake_columnar.snapshots.arrow_codec import (
     encode_state,
 )
 from mooncake_columnar.snapshots.complete import cleanup_state
+from mooncake_columnar.testing.fuzz_mutate import write_ipc
 from mooncake_columnar.testing.states import make_state
 
 def _set(table: pa.Table, name: str, values) -> pa.Table:
@@ -234,13 +235,6 @@ def test_incomplete_replicas_dropped_and_indexes_remapped() -> None:
 
 
 # ---- v2 payload layout: dictionary name columns, xxh3 digest -------------------------------------
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
 def test_dictionary_layout_round_trip_and_either_layout_validates() -> None:
     s = make_state(300, replicas_per_object=2, segments=("seg_a", "seg_b", "seg_c"))
     enc = s.encoded()
@@ -282,7 +276,7 @@ def test_corrupted_dictionary_index_fails_the_candidate() -> None:
     idx = objects.schema.get_field_index("tenant")
     objects = objects.set_column(idx, objects.schema.field(idx), bad)
     with pytest.raises(SnapshotPayloadError):
-        decode_state(_with_fixed_digest({**p, OBJECTS_FILE: _ipc(objects)}))
+        decode_state(_with_fixed_digest({**p, OBJECTS_FILE: write_ipc(objects)}))
 
 
 def test_corrupted_key_offsets_fail_the_candidate() -> None:
@@ -296,7 +290,7 @@ def test_corrupted_key_offsets_fail_the_candidate() -> None:
     bad = pa.LargeStringArray.from_buffers(len(keys), pa.py_buffer(offsets), data)
     objects = objects.set_column(1, objects.schema.field(1), bad)
     with pytest.raises(SnapshotPayloadError):
-        decode_state(_with_fixed_digest({**p, OBJECTS_FILE: _ipc(objects)}))
+        decode_state(_with_fixed_digest({**p, OBJECTS_FILE: write_ipc(objects)}))
 
 
 def test_digest_v2_is_xxh3_and_rejects_a_flipped_byte_in_every_payload() -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
-import pyarrow as pa
 import pytest
 import zstandard
 
@@ -30,6 +29,7 @@ from mooncake_columnar.snapshots.repository import SnapshotRepository
 from mooncake_columnar.snapshots.standby import OBJECTS_FILE, decode_standby, encode_standby
 from mooncake_columnar.snapshots.state import SnapshotState
 from mooncake_columnar.store.objects import PUT_START_SPAN, ObjectTable
+from mooncake_columnar.testing.fuzz_mutate import write_ipc
 from mooncake_columnar.upstream_ids import is_upstream_uuid
 from tests.fixtures import MOONCAKE_V1 as FIXTURES
 
@@ -51,13 +51,6 @@ def master(clocks: ManualClocks | None = None, journal: OpLogWriter | None = Non
 def put(m: MasterService, key: str, size: int = 4096, client: str = CLIENT, **cfg) -> None:
     m.put_start(key, size, client_id=client, config=ReplicateConfig(**cfg))
     m.put_end(key, client_id=client)
-
-
-def ipc_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 # ---- the written v1 files, decoded independently ----------------------------------------------------
@@ -247,7 +240,7 @@ def test_v2_snapshot_written_before_segment_ids_restores_with_generated_ids():
     state = m.export_state()
     old = state.segments.select(SEGMENTS_LEGACY_SCHEMA.names).cast(SEGMENTS_LEGACY_SCHEMA)
     payloads = encode_state(state)
-    payloads[SEGMENTS_FILE] = ipc_bytes(old)
+    payloads[SEGMENTS_FILE] = write_ipc(old)
     payloads = {k: v for k, v in payloads.items() if k != DIGEST_FILE}
     payloads[DIGEST_FILE] = digest_of(payloads)
     back = decode_state(payloads)
@@ -269,7 +262,7 @@ def test_standby_snapshot_carries_put_starts_and_segment_ids_and_older_ones_deco
     # a writer from before these columns: put start 0, segment id generated
     for name, table, drop in ((OBJECTS_FILE, snap.objects, ["put_start_time_ms"]),
                               (SEGMENTS_FILE, snap.segments, ["segment_id", "host_id"])):
-        payloads[name] = ipc_bytes(table.drop_columns(drop))
+        payloads[name] = write_ipc(table.drop_columns(drop))
     payloads = {k: v for k, v in payloads.items() if k != DIGEST_FILE}
     payloads[DIGEST_FILE] = digest_of(payloads, version=1)
     old = master_of_standby(decode_standby(payloads, 3), clocks=m.clocks)
