@@ -94,10 +94,12 @@ def snapshot_series(repo: SnapshotRepository, n: int, **kw: Any) -> tuple[Master
     """``n`` snapshots 10 s apart; snapshot i holds keys k0..ki (all leased, all hard to miss)."""
     m, clocks = series_master()
     manager = SnapshotManager(m, repo, retention=10, prefault=False, **kw)
-    ids = []
+    ids: list[str] = []
     for i in range(n):
         leased_put(m, f"k{i}")
-        ids.append(manager.snapshot_now())
+        sid = manager.snapshot_now()
+        assert isinstance(sid, str)  # written in the foreground
+        ids.append(sid)
         clocks.advance(s=10)
     return m, clocks, ids
 

@@ -99,6 +99,7 @@ class SnapshotStoreContract:
     def test_phase3_candidate_fallback_after_malformed_mapping(self, repo: SnapshotRepository) -> None:
         write_snapshot(repo, make_state(2, lease=C0 + 100 * NS_PER_S), S0, C0)
         newer = write_snapshot(repo, make_state(5, lease=C0 + 100 * NS_PER_S), S0 + NS_PER_S, C0 + NS_PER_S)
+        assert isinstance(newer, str)  # written in the foreground
         good = repo.read_manifest(newer).decode()
         for bad in (good.rsplit("|", 1)[0], good.replace("|3001", "|+3001"), good + "|1"):
             _overwrite(repo, f"{newer}/{MANIFEST_FILE}", bad.encode())
