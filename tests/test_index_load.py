@@ -17,6 +17,8 @@ from mooncake_columnar.kernels.index_load import (
 from mooncake_columnar.store.keys import string_buffers
 from mooncake_columnar.synthetic import synthetic_keys
 
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
+
 
 def _keys(n: int, tenants: int = 3, seed: int = 0):
     """(offsets, arena, key_refs, tenant per row) of n distinct (tenant, key) pairs of mixed length."""

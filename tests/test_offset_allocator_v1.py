@@ -44,6 +44,8 @@ from mooncake_columnar.snapshots.mooncake_v1_allocator import (
 )
 from mooncake_columnar.snapshots.repository import SnapshotRepository
 
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
+
 try:  # the upstream fixtures and state builder of the v1 codec tests
     from test_snapshot_v1 import CASES, FIXTURES, make_state
 except ImportError:  # tests collected as a package

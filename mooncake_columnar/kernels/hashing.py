@@ -47,7 +47,7 @@ def hash_key(data, start, length, tenant):
     byte-at-a-time hash waits one multiply per byte), then the splitmix64 finalizer."""
     # (tenant, length) seed the state through the finalizer: equal bytes under another tenant
     # or of another length (zero padding) start from an unrelated state
-    h = mix64(_FNV_OFFSET ^ (np.uint64(tenant & 0xFFFFFFFF) << np.uint64(32)) ^ np.uint64(length))
+    h = mix64(_FNV_OFFSET ^ (np.uint64(np.uint32(tenant)) << np.uint64(32)) ^ np.uint64(length))
     end = start + length
     i = start
     while i + 8 <= end:
