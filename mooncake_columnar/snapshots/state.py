@@ -105,10 +105,14 @@ def name_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str
     return codes, names
 
 
+# the NumPy dtype of each index type, mapped here: DataType.to_pandas_dtype() imports pandas
+_INDEX_DTYPES = tuple((t, np.dtype(f"int{t.bit_width}")) for t in NAME_INDEX_TYPES)
+
+
 def name_array(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     """A name-dictionary array over ``names`` with the narrowest index type that fits."""
-    index_type = next(t for t in NAME_INDEX_TYPES if len(names) <= np.iinfo(t.to_pandas_dtype()).max + 1)
-    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(index_type.to_pandas_dtype(), copy=False)),
+    index_type, dtype = next((t, d) for t, d in _INDEX_DTYPES if len(names) <= np.iinfo(d).max + 1)
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(dtype, copy=False), index_type),
                                           pa.array(names, pa.string()))
 
 
