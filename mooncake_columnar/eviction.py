@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .clock import INT64_MAX
 from .kernels import eviction as ek
 from .store.objects import Chains
 
 if TYPE_CHECKING:
     from .master import MasterService
-
-INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from .schema import (
     FLAG_SOFT_PIN_ENABLED,
     KIND_MEMORY,
     OBJECTS_ARROW_SCHEMA,
+    ST_EMPTY,
     ReplicaKind,
 )
 from .store.arrow_io import export_tables, load_tables
@@ -121,7 +122,7 @@ class ViewsMixin:
         ``segment_used_bytes`` and ``segment_held_bytes`` (label ``segment``)."""
         s, o = self.segments, self.objects
         hw = o.high_water
-        memory = ((o.replica_status[:hw] != 0) & (o.replica_kind[:hw] == int(KIND_MEMORY))
+        memory = ((o.replica_status[:hw] != ST_EMPTY) & (o.replica_kind[:hw] == int(KIND_MEMORY))
                   & (o.replica_segment[:hw] >= 0))
         r, j = np.nonzero(memory)
         n = len(s.info)
@@ -193,7 +194,7 @@ class ViewsMixin:
                                          self.segments.readable, o.replica_more)
         else:
             chains = o.chains(rows[batch_idx])
-            ri, j = np.nonzero(o.replica_status[chains.rows] != 0)
+            ri, j = np.nonzero(o.replica_status[chains.rows] != ST_EMPTY)
             ki, r = batch_idx[chains.owner[ri]], chains.rows[ri]
         # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
         infos = self.segments.info

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..schema import FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_PROCESSING
+from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_EMPTY,
+                      ST_PROCESSING)
 from . import allocation as ak
 from .chains import next_row
 from . import hashing as hk
@@ -35,6 +36,7 @@ _REFRESH = int(FLAG_GROUP_REFRESH)
 _MEM = int(KIND_MEMORY)
 _ST_PROC = int(ST_PROCESSING)
 _ST_DONE = int(ST_COMPLETE)
+_ST_EMPTY = int(ST_EMPTY)
 
 
 @njit(inline="always", cache=True)
@@ -398,7 +400,7 @@ def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind, m
                 if not slot_in_use(rep_status[rr, j]):
                     continue
                 if rep_kind[rr, j] == _MEM and rep_seg[rr, j] == code:
-                    rep_status[rr, j] = 0
+                    rep_status[rr, j] = _ST_EMPTY
                     rep_seg[rr, j] = -1
                     touched = True
                 else:
@@ -619,7 +621,7 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
                 lens[k] = sizes[r]
                 k += 1
             dropped[c] += sizes[r]
-            rep_status[r, j] = 0
+            rep_status[r, j] = _ST_EMPTY
             rep_seg[r, j] = -1
     return segs, offs, lens, dropped.sum()
 

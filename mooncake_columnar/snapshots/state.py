@@ -42,6 +42,7 @@ from ..schema import (
     REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
     SEGMENTS_LEGACY_SCHEMA,
+    ST_EMPTY,
     ST_REMOVED,
     ReplicaKind,
     ReplicaStatus,
@@ -379,6 +380,7 @@ _REPLICA_ERRORS = {
     11: ("offset", "not a multiple of its segment's allocation unit"),
 }
 _MAX_STATUS = np.uint8(max(ReplicaStatus))
+_ST_EMPTY = int(ST_EMPTY)
 _MAX_KIND = np.uint8(max(ReplicaKind))
 
 
@@ -399,7 +401,7 @@ def _check_replicas(object_index, replica_count, obj_size, replica_id, offset, s
             return 7, i
         if replica_id[i] >= next_id:
             return 3, i
-        if status[i] == 0 or status[i] > _MAX_STATUS:
+        if status[i] == _ST_EMPTY or status[i] > _MAX_STATUS:
             return 8, i
         if kind[i] > _MAX_KIND:
             return 9, i
