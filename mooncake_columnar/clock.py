@@ -11,14 +11,12 @@ import threading
 import time
 from typing import Protocol, runtime_checkable
 
+from .errors import ClockOverflow, InvalidParams
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
-
-
-class ClockOverflow(OverflowError):
-    """A deadline computation left the int64 range."""
 
 
 def checked_add(a: int, b: int) -> int:
@@ -82,7 +80,7 @@ class ManualClocks:
     def advance(self, ns: int = 0, *, ms: int = 0, s: float = 0, system_too: bool = True) -> None:
         delta = int(ns) + int(ms) * NS_PER_MS + int(round(s * NS_PER_S))
         if delta < 0:
-            raise ValueError("steady time never goes backwards")
+            raise InvalidParams("steady time never goes backwards")
         with self._lock:
             self._steady = checked_add(self._steady, delta)
             if system_too:

@@ -120,7 +120,10 @@ class SegmentsMixin:
         restored_by_endpoint = {s.endpoint: c for c, s in enumerate(self.segments.info)
                                 if s is not None and not self.segments.readable[c]}
         for s in segments:
-            seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
+            try:
+                seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
+            except TypeError as e:  # a dict with unknown or missing fields
+                raise InvalidParams(f"segment {s!r}: {e}") from None
             if seg is None:
                 raise InvalidParams("segments must be Segment or dict items")
             seg = self._requested_segment(seg.name, seg.endpoint, seg.client, seg.base, seg.size,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .clock import NS_PER_S, MonotonicClocks
+from .errors import CliUsageError
 from .schema import NEVER_LEASED
 
 EXIT_OK, EXIT_BAD_SNAPSHOT, EXIT_USAGE = 0, 1, 2
@@ -41,10 +42,6 @@ class _FixedClocks:
         return self._steady
 
 
-class _UsageError(Exception):
-    pass
-
-
 def _iso(system_ns: int) -> str:
     try:
         dt = datetime.fromtimestamp(system_ns / NS_PER_S, tz=timezone.utc)
@@ -59,7 +56,7 @@ def _open_repo(args: argparse.Namespace):
         return SnapshotRepository(args.uri, cluster_id=args.cluster_id,
                                   timeout_s=getattr(args, "timeout_s", 5.0))
     except Exception as e:  # pyarrow raises several types for bad URIs; report them all the same
-        raise _UsageError(f"cannot open {args.uri!r}: {type(e).__name__}: {e}") from None
+        raise CliUsageError(f"cannot open {args.uri!r}: {type(e).__name__}: {e}") from None
 
 
 def _check_id(snapshot_id: str) -> str:
@@ -69,11 +66,11 @@ def _check_id(snapshot_id: str) -> str:
     try:
         return check_path_part("snapshot_id", snapshot_id)
     except InvalidParams as e:
-        raise _UsageError(str(e)) from None
+        raise CliUsageError(str(e)) from None
 
 
-def _storage_error(uri: str, e: Exception) -> _UsageError:
-    return _UsageError(f"cannot read {uri!r}: {type(e).__name__}: {e}")
+def _storage_error(uri: str, e: Exception) -> CliUsageError:
+    return CliUsageError(f"cannot read {uri!r}: {type(e).__name__}: {e}")
 
 
 def _manifest_summary(repo, snapshot_id: str) -> dict[str, Any]:
@@ -107,7 +104,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     try:
         ids, latest = repo.list(), repo.latest()
     except Exception as e:
-        raise _UsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
+        raise CliUsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
     rows = []
     for sid in ids:
         try:
@@ -139,16 +136,16 @@ def _pick(repo, snapshot_id: str | None) -> str:
     try:
         plan = repo.candidate_plan()
         if not plan.ids:
-            raise _UsageError(f"no snapshots under {repo.base}")
+            raise CliUsageError(f"no snapshots under {repo.base}")
         for note in plan.notes:
             print(f"note: {note}", file=sys.stderr)
         if plan.latest is not None:
             return plan.latest
         return next((sid for sid in plan.ids if repo.unpublished_reason(sid) is None), plan.ids[0])
-    except _UsageError:
+    except CliUsageError:
         raise
     except Exception as e:
-        raise _UsageError(f"cannot list {repo.base!r}: {type(e).__name__}: {e}") from None
+        raise CliUsageError(f"cannot list {repo.base!r}: {type(e).__name__}: {e}") from None
 
 
 def remaining_distribution(remaining_ns: np.ndarray) -> dict[str, Any]:
@@ -282,12 +279,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         try:
             plan = repo.candidate_plan()
         except Exception as e:
-            raise _UsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
+            raise CliUsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
         ids = plan.ids
         for note in plan.notes:
             print(f"note: {note}", file=sys.stderr)
     if not ids:
-        raise _UsageError(f"no snapshots to verify under {repo.base}")
+        raise CliUsageError(f"no snapshots to verify under {repo.base}")
     at = MonotonicClocks().system_ns() if args.at_system_ns is None else args.at_system_ns
     results = []
     for sid in ids:
@@ -315,8 +312,8 @@ def _run(fn):
     def wrapper(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except _UsageError as e:
-            print(f"error: {e}", file=sys.stderr)
+        except CliUsageError as e:
+            print(f"error: {e.detail}", file=sys.stderr)
             return EXIT_USAGE
     return wrapper
 

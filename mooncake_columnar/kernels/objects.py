@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..errors import ErrorCode
 from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_EMPTY,
                       ST_PROCESSING)
 from . import allocation as ak
@@ -21,14 +22,15 @@ from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_put_in_fl
                          slot_is_processing, slot_is_removed)
 
 _BLOCK = 32
-OK = 0
-NOT_FOUND = -704
-ALREADY_EXISTS = -705
-NOT_READY = -703
-NO_HANDLE = -200
-ILLEGAL_CLIENT = -601
-INVALID_WRITE = -700
-HAS_LEASE = -706
+# batch result codes, from the one ErrorCode table (module-level ints: Numba compiles them in)
+OK = int(ErrorCode.OK)
+NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+ALREADY_EXISTS = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+NOT_READY = int(ErrorCode.REPLICA_IS_NOT_READY)
+NO_HANDLE = int(ErrorCode.NO_AVAILABLE_HANDLE)
+ILLEGAL_CLIENT = int(ErrorCode.ILLEGAL_CLIENT)
+INVALID_WRITE = int(ErrorCode.INVALID_WRITE)
+HAS_LEASE = int(ErrorCode.OBJECT_HAS_LEASE)
 
 _PROCESSING_FLAG = int(FLAG_PROCESSING)
 _GROUPED = int(FLAG_GROUPED)
