@@ -27,19 +27,6 @@ def checked_add(a: int, b: int) -> int:
     return r
 
 
-def checked_sub(a: int, b: int) -> int:
-    """a - b as an int64, raising :class:`ClockOverflow` instead of wrapping."""
-    r = int(a) - int(b)
-    if r < INT64_MIN or r > INT64_MAX:
-        raise ClockOverflow(f"int64 overflow in {a} - {b}")
-    return r
-
-
-def saturating_add(a: int, b: int) -> int:
-    """a + b clamped to the int64 range (upstream saturates soft-pin deadlines)."""
-    return max(INT64_MIN, min(INT64_MAX, int(a) + int(b)))
-
-
 @runtime_checkable
 class Clocks(Protocol):
     def steady_ns(self) -> int:
@@ -63,7 +50,7 @@ class ManualClocks:
     """Two independent hand-driven clocks for tests and notebooks.
 
     ``advance`` moves steady time (and, by default, system time by the same amount, as real
-    time would); ``jump_system``/``set_system`` move only the wall clock, forwards or backwards.
+    time would); ``jump_system`` moves only the wall clock, forwards or backwards.
     """
 
     def __init__(self, steady_ns: int = 1_000 * NS_PER_S, system_ns: int = 1_796_000_000 * NS_PER_S):
@@ -86,14 +73,7 @@ class ManualClocks:
             if system_too:
                 self._system = checked_add(self._system, delta)
 
-    def advance_ms(self, ms: int) -> None:
-        self.advance(ms=ms)
-
     def jump_system(self, ns: int = 0, *, ms: int = 0, s: float = 0) -> None:
         delta = int(ns) + int(ms) * NS_PER_MS + int(round(s * NS_PER_S))
         with self._lock:
             self._system = checked_add(self._system, delta)
-
-    def set_system(self, system_ns: int) -> None:
-        with self._lock:
-            self._system = int(system_ns)

@@ -79,15 +79,6 @@ def grant_recovery_masked(lease, soft_deadlines, flags, bits, deadline, soft_dea
                         grant_until(soft_deadlines, i, soft_deadline)
 
 
-@njit(cache=True)
-def grant_rows(deadlines, rows, deadline):
-    """Max-update the listed rows to one deadline (negative rows are skipped)."""
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        if r >= 0 and deadline > deadlines[r]:
-            deadlines[r] = deadline
-
-
 @njit(inline="always", cache=True)
 def commit_soft_pin(flags, soft_deadline, row, now, ttl_ns):
     """Upstream CommitPendingSoftPin(ENABLE): deadline = now + ttl saturating; enabled from now on."""

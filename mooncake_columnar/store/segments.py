@@ -71,9 +71,6 @@ class SegmentTable:
     def codes_of_client(self, client: str) -> list[int]:
         return [c for c, s in enumerate(self.info) if s is not None and s.client == client]
 
-    def mounted_codes(self) -> np.ndarray:
-        return np.array([c for c, s in enumerate(self.info) if s is not None], np.int64)
-
     def code_of_id(self, segment_id: str) -> int:
         return self.by_id.get(segment_id, -1)
 
