@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .clock import NS_PER_MS
-from .errors import EngineInvariantError, RecoveryFault, SegmentExtentsCorrupt  # noqa: F401 (tests import RecoveryFault from here)
+from .errors import EngineInvariantError, SegmentExtentsCorrupt
+from .errors import RecoveryFault  # noqa: F401 (tests import it from here)
 from .kernels import allocation as ak
 from .kernels import objects as ok
 from .kernels.leases import grant_recovery_masked

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from ..clock import ManualClocks, MonotonicClocks
 from ..config import MasterConfig
+from ..errors import error_for_code
 from ..master import MasterService
 from ..messages import ReplicateConfig
 from ..schema import NEVER_LEASED
@@ -55,8 +56,9 @@ def fill(m: MasterService, objects: int, *, object_bytes: int = 4096, chunk: int
         keys = synthetic_keys(done, n)
         sizes = np.full(n, object_bytes, np.int64)
         res = m.batch_put_start(keys, sizes, client_id=client_id, config=cfg)
-        if not (res.codes == 0).all():
-            raise RuntimeError(f"fill: {(res.codes != 0).sum()} puts failed (code {res.codes[res.codes != 0][0]})")
+        failed = res.codes != 0
+        if failed.any():
+            raise error_for_code(int(res.codes[failed][0]), f"fill: {int(failed.sum())} puts failed")
         m.batch_put_end(keys, client_id=client_id)
         done += n
         if progress is not None:
