@@ -30,7 +30,7 @@ from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, Snapsh
 from ..kernels import allocation as ak
 from ..kernels import id_set
 from ..schema import (KIND_MEMORY, NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA,
-                      ST_COMPLETE)
+                      ST_COMPLETE, ST_EMPTY)
 from ..snapshots.state import SnapshotState
 from ..store.arrow_io import append_objects
 from ..store.keys import string_buffers
@@ -243,7 +243,7 @@ def _take_extents(m: "MasterService", erased: np.ndarray, run: OpLogColumns, rep
     (``rep_seq``: each replica's sequence id) whose extent is not entirely free: it overlaps an
     extent the standby holds or another one of the run."""
     o, s = m.objects, m.segments
-    r_idx, slot = np.nonzero((o.replica_status[erased] != 0) & (o.replica_kind[erased] == KIND_MEMORY))
+    r_idx, slot = np.nonzero((o.replica_status[erased] != ST_EMPTY) & (o.replica_kind[erased] == KIND_MEMORY))
     old_rows = erased[r_idx]
     old_seg = o.replica_segment[old_rows, slot].astype(np.int64)
     old_off, old_size = o.replica_offset[old_rows, slot], o.size_bytes[old_rows]

@@ -20,7 +20,7 @@ from numba import njit
 from ..errors import WindowFull
 from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_hard_pinned, is_soft_pin_enabled
-from ..schema import KIND_LOCAL_DISK, KIND_MEMORY, ReplicaStatus
+from ..schema import KIND_LOCAL_DISK, KIND_MEMORY, ST_EMPTY, ReplicaStatus
 from ..store.segments import Segment
 from .oplog import OpLogColumns, OpLogOp, OpType, SegmentPayload
 from .writer import OpLogWriter, Reservation
@@ -228,12 +228,12 @@ class Journal:
             if plan is None:
                 chain = o.chains(part).rows
                 status = o.replica_status[chain]
-                gone = status != 0
+                gone = status != ST_EMPTY
             else:
                 sub = plan.part(done, done + part.size)
                 chain, gone = sub.chains.rows, sub.removed
                 status = o.replica_status[chain]
-            remaining = (status != 0) & ~gone
+            remaining = (status != ST_EMPTY) & ~gone
             body = self._object_columns(part, remaining & (status == _COMPLETE))
             res = self.reserve(int(part.size))
             if res is None:

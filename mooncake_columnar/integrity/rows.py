@@ -11,7 +11,7 @@ from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
 from ..upstream_ids import is_upstream_uuid
 
-from .report import _MEM, _ST_COMPLETE, _ST_PROCESSING, _fail, _row_name, _seg_name
+from .report import _MEM, _ST_COMPLETE, _ST_EMPTY, _ST_PROCESSING, _fail, _row_name, _seg_name
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -333,7 +333,7 @@ def _first_duplicate_id(hw, status, rep_id, words):
     seen = np.zeros(words, np.uint64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] == 0:
+            if status[r, j] == _ST_EMPTY:
                 continue
             i = rep_id[r, j]
             w = np.int64(i >> np.uint64(6))
@@ -353,12 +353,12 @@ def _check_replica_ids(m: "MasterService") -> None:
         if r < 0:
             return
     else:  # ids spread far wider than the replicas: sort instead
-        ids = o.replica_id[:hw][o.replica_status[:hw] != 0]
+        ids = o.replica_id[:hw][o.replica_status[:hw] != _ST_EMPTY]
         ids.sort()
         dup = np.flatnonzero(ids[1:] == ids[:-1])
         if not dup.size:
             return
-        hit = (o.replica_id[:hw] == ids[dup[0]]) & (o.replica_status[:hw] != 0)
+        hit = (o.replica_id[:hw] == ids[dup[0]]) & (o.replica_status[:hw] != _ST_EMPTY)
         r, j = (int(x[0]) for x in np.nonzero(hit))
     _fail("replica_id_unique", f"{_row_name(m, int(r))} slot {int(j)}: replica id {int(o.replica_id[r, j])} "
                                f"is used twice")

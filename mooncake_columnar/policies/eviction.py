@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..clock import INT64_MAX
 from ..kernels import eviction as ek
 from ..store.objects import Chains
 from .offload import offload_instead
 
 if TYPE_CHECKING:
     from ..master import MasterService
-
-INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from ..clock import NS_PER_MS
 from ..errors import ErrorCode, error_for_code
-from ..schema import ReplicaKind
+from ..schema import ST_EMPTY, ReplicaKind
 from ..store.metadata import MetadataStore
 from ..validation import _COMPLETE
 from .segments import require_client
@@ -68,7 +68,7 @@ def complete_offload(m: "MasterService", row: int, client_id: str, what: str) ->
             raise error_for_code(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS, "oplog window full: retry")
     o = s.objects
     chain = o.chains(np.array([row], np.int64)).rows
-    free_row, free_slot = np.nonzero(o.replica_status[chain] == 0)
+    free_row, free_slot = np.nonzero(o.replica_status[chain] == ST_EMPTY)
     if free_row.size:
         r, j = int(chain[free_row[0]]), int(free_slot[0])
     else:  # every slot taken: a continuation row, not a wider table

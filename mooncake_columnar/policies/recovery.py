@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..clock import NS_PER_MS
+from ..errors import EngineInvariantError, SegmentExtentsCorrupt
+from ..errors import RecoveryFault  # noqa: F401 (tests import it from here)
 from ..kernels import allocation as ak
 from ..kernels import objects as ok
 from ..kernels.leases import grant_recovery_masked
@@ -46,14 +48,11 @@ class RemountReport:
     visible_ttl_ms: float            # lease left on the recovered objects when the segment went live
 
 
-class RecoveryFault(RuntimeError):
-    """Raised by an injected fault hook (tests) to fail a remount at a named step."""
-
-
 def _rebuild_one(m: "MasterService", bits: np.ndarray, matched: int, on: np.ndarray, code: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(free starts, free lengths, used bytes) of segment ``code`` from its held extents; a
-    streaming pass when replicas lie in offset order, else gather + sort. Raises ValueError on
-    an overlap, two extents sharing an allocation unit or an extent beyond the capacity."""
+    streaming pass when replicas lie in offset order, else gather + sort. Raises
+    SegmentExtentsCorrupt on an overlap, two extents sharing an allocation unit or an extent
+    beyond the capacity."""
     o, seg = m.store.objects, m.store.segments
     capacity, unit_bits = int(seg.capacity[code]), int(seg.unit_bits[code])
     status, starts, lengths, used = ok.free_extents_of_segment(
@@ -66,10 +65,13 @@ def _rebuild_one(m: "MasterService", bits: np.ndarray, matched: int, on: np.ndar
         only[code] = True
         _, offs, sizes = ok.segment_extents(bits, matched, only, o.size_bytes, o.replica_status, o.replica_kind,
                                             o.replica_segment, o.replica_offset, o.replica_more)
-        return ak.free_extents_from_occupied(capacity, offs, sizes, unit_bits)
+        try:
+            return ak.free_extents_from_occupied(capacity, offs, sizes, unit_bits)
+        except ValueError as e:
+            raise SegmentExtentsCorrupt(seg.info[code].name, str(e)) from None
     what = {ok.REBUILD_OVERLAP: "overlap", ok.REBUILD_OUT_OF_RANGE: "lie outside the segment capacity",
             ok.REBUILD_SHARED_UNIT: f"share an allocation unit of {1 << unit_bits} bytes"}[status]
-    raise ValueError(f"segment {seg.info[code].name!r}: replica extents {what}")
+    raise SegmentExtentsCorrupt(seg.info[code].name, f"replica extents {what}")
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
             n = int(seg.extent_counts[code])
             free = int(seg.extent_lengths[code][:n].sum())
             if free + int(seg.used[code]) != int(seg.capacity[code]):
-                raise RuntimeError(f"segment {seg.info[code].name!r}: allocator does not add up after rebuild")
+                raise EngineInvariantError("allocator_adds_up", f"segment {seg.info[code].name!r}: "
+                                           "free and used bytes do not add up after the rebuild")
         step("assign")
     except BaseException:
         for c, (st, ln, n, used, info) in saved.items():  # roll back: as if never attempted

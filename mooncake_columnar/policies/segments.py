@@ -116,7 +116,10 @@ def _validated_request(m: "MasterService", client: str,
     restored_by_endpoint = {s.endpoint: c for c, s in enumerate(table.info)
                             if s is not None and not table.readable[c]}
     for s in segments:
-        seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
+        try:
+            seg = s if isinstance(s, Segment) else Segment(**s) if isinstance(s, dict) else None
+        except TypeError as e:  # a dict with unknown or missing fields
+            raise InvalidParams(f"segment {s!r}: {e}") from None
         if seg is None:
             raise InvalidParams("segments must be Segment or dict items")
         seg = requested_segment(m.config, seg.name, seg.endpoint, seg.client, seg.base, seg.size,

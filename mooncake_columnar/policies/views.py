@@ -10,7 +10,8 @@ import pyarrow as pa
 from ..kernels import objects as ok
 from ..messages import ObjectInfo, ReplicaDescriptor, SegmentInfo
 from ..metrics import Metrics
-from ..schema import FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ReplicaKind
+from ..schema import (FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_EMPTY,
+                      ReplicaKind)
 from ..store.metadata import MetadataStore
 from ..validation import _COMPLETE, _KINDS, _STATUSES
 
@@ -42,7 +43,7 @@ def segment_info(store: MetadataStore, metrics: Metrics) -> dict[str, SegmentInf
     """name -> SegmentInfo of every mounted segment (see MasterService.segment_info)."""
     s, o = store.segments, store.objects
     hw = o.high_water
-    memory = ((o.replica_status[:hw] != 0) & (o.replica_kind[:hw] == int(KIND_MEMORY))
+    memory = ((o.replica_status[:hw] != ST_EMPTY) & (o.replica_kind[:hw] == int(KIND_MEMORY))
               & (o.replica_segment[:hw] >= 0))
     r, j = np.nonzero(memory)
     n = len(s.info)
@@ -112,7 +113,7 @@ def replica_columns(store: MetadataStore, batch_idx: np.ndarray, rows: np.ndarra
                                      store.segments.readable, o.replica_more)
     else:
         chains = o.chains(rows[batch_idx])
-        ri, j = np.nonzero(o.replica_status[chains.rows] != 0)
+        ri, j = np.nonzero(o.replica_status[chains.rows] != ST_EMPTY)
         ki, r = batch_idx[chains.owner[ri]], chains.rows[ri]
     # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
     infos = store.segments.info

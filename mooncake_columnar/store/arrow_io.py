@@ -35,6 +35,7 @@ from ..schema import (
     KIND_MEMORY,
     OBJECTS_PAYLOAD_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
+    ST_EMPTY,
 )
 from .objects import put_start_ms
 from .segments import Segment, segments_table
@@ -187,12 +188,12 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     grouped = (fl & FLAG_GROUPED) != 0
     put_start = put_start_ms(rows(c["put_start_rel"]), f.put_start_base_ms)
     status = rows(c["replica_status"])
-    used = status != 0
+    used = status != ST_EMPTY
     chains = None
     if "replica_more" in c:  # an object's slots: its row's, then its continuation rows'
         owner, chain = chain_k.expand(_iota(np.empty(fl.shape[0], np.int64)) if live is None else live,
                                       c["replica_more"])
-        chained = c["replica_status"][chain] != 0
+        chained = c["replica_status"][chain] != ST_EMPTY
         chains = (owner, chain, chained)
     objects = layout_table(OBJECTS_PAYLOAD_SCHEMA, {
         "tenant": _names(rows(c["tenant"]), f.tenants),
@@ -409,7 +410,7 @@ def _load_replicas(m: "MetadataStore", rows: np.ndarray, replicas: pa.Table, *, 
         target = (slice(0, oi.size), 0)  # object i's only replica fills row i's only slot
     else:
         if fresh:  # slots no replica fills are empty
-            for name, fill in (("replica_status", 0), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
+            for name, fill in (("replica_status", ST_EMPTY), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
                                ("replica_offset", 0), ("replica_id", 0)):
                 getattr(o, name)[:rows.size] = fill
         target = (rows[oi], 0 if slot is None else slot)
@@ -451,7 +452,7 @@ def _rebuild_allocators(m: "MetadataStore") -> None:
     o = m.objects
     n = o.high_water
     seg, kind, status = o.replica_segment[:n], o.replica_kind[:n], o.replica_status[:n]
-    held = (kind == KIND_MEMORY) & (status != 0) & (seg >= 0)
+    held = (kind == KIND_MEMORY) & (status != ST_EMPTY) & (seg >= 0)
     if o.slots == 1 and held.all():
         seg, offsets, sizes = seg[:, 0], o.replica_offset[:n, 0], o.size_bytes[:n]
     else:

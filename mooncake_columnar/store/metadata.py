@@ -14,7 +14,7 @@ from ..errors import EngineInvariantError
 from ..kernels import allocation as ak
 from ..kernels import objects as ok
 from ..kernels.erase_guard import first_not_erasable
-from ..schema import FLAG_GROUPED, KIND_MEMORY, ST_PROCESSING, ReplicaKind, ReplicaStatus
+from ..schema import FLAG_GROUPED, KIND_MEMORY, ST_EMPTY, ST_PROCESSING, ReplicaKind, ReplicaStatus
 from ..validation import _require_str
 from .discarded import DiscardedExtents
 from .inflight import InflightTable
@@ -191,7 +191,7 @@ class MetadataStore:
         """Erase the objects of ``rows`` left without any replica; returns them."""
         o = self.objects
         chains = o.chains(rows)
-        gone = rows[~chains.any(o.replica_status[chains.rows] != 0)]
+        gone = rows[~chains.any(o.replica_status[chains.rows] != ST_EMPTY)]
         self.erase_rows(gone)
         return gone
 
@@ -201,7 +201,8 @@ class MetadataStore:
         o = self.objects
         r_idx, slot = np.nonzero(plan.removed)
         freed = self.drop_slots(plan.chains.rows[r_idx], slot)
-        self.erase_rows(plan.rows[~plan.chains.any(o.replica_status[plan.chains.rows] != 0)], slots_cleared=True)
+        emptied = ~plan.chains.any(o.replica_status[plan.chains.rows] != ST_EMPTY)
+        self.erase_rows(plan.rows[emptied], slots_cleared=True)
         return freed
 
     def finalize_removed(self, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:

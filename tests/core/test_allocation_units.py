@@ -122,6 +122,7 @@ def test_odd_sized_puts_take_whole_units_on_a_big_segment_and_bytes_on_a_small_o
             m.put_start("zero", 0, client_id=CLIENT)
 
 
+@pytest.mark.kernels
 def test_the_partial_last_unit_is_never_allocated_but_a_restored_tail_extent_frees() -> None:
     """A capacity that is not a whole number of units leaves a tail upstream's allocator cannot
     hold: nothing is placed there; an extent found there (a rebuild) is held up to the end."""

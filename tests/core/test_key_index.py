@@ -4,11 +4,14 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import hashing as hk
 from mooncake_columnar.store.keys import KeyIndex, as_string_array, string_buffers
 from mooncake_columnar.store.objects import ObjectTable
+
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
 
 
 @settings(max_examples=60, deadline=None)

@@ -14,7 +14,7 @@ from mooncake_columnar.batching import grow_ahead
 from mooncake_columnar.messages import DEFAULT_TENANT
 from mooncake_columnar.kernels import hashing as hk
 from mooncake_columnar.store import growth
-from mooncake_columnar.synthetic import fill, mount_segments, synthetic_keys
+from mooncake_columnar.tools.synthetic import fill, mount_segments, synthetic_keys
 
 CLIENT = "client-0"
 

@@ -17,7 +17,7 @@ from mooncake_columnar.errors import ObjectNotFound
 from mooncake_columnar.kernels import hashing as hk
 from mooncake_columnar.kernels import objects as ok
 from mooncake_columnar.locking import MasterLock
-from mooncake_columnar.synthetic import fill, mount_segments, synthetic_keys
+from mooncake_columnar.tools.synthetic import fill, mount_segments, synthetic_keys
 
 CLIENT = "client-0"
 

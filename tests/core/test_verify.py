@@ -13,7 +13,7 @@ import pytest
 
 from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
 from mooncake_columnar import integrity
-from mooncake_columnar.cli import main
+from mooncake_columnar.tools.cli import main
 from mooncake_columnar.errors import EngineInvariantError
 from mooncake_columnar.kernels import hashing as hk
 from mooncake_columnar.schema import ReplicaStatus
@@ -93,7 +93,7 @@ def test_verify_healthy_engine_after_mixed_operations_passes(tenants: bool) -> N
 
 
 def test_verify_bulk_loaded_engine_streams_the_extents() -> None:
-    from mooncake_columnar.bench import build_master
+    from mooncake_columnar.tools.synthetic import build_master
     m = build_master(20_000, segments=3)
     assert integrity._check_slots(m).all()  # replicas ascend by row: no gathered copy
     m.verify()

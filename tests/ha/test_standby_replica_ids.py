@@ -28,6 +28,7 @@ from mooncake_columnar.testing.builders import standby
 
 # ---- the kernels -------------------------------------------------------------------------------------
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("seed", range(4))
 def test_id_set_matches_a_python_set_under_add_and_remove_churn(seed: int) -> None:
     """Small value ranges and a small table: long probe runs that wrap around the table end,
@@ -50,6 +51,7 @@ def test_id_set_matches_a_python_set_under_add_and_remove_churn(seed: int) -> No
         assert id_set.first_taken(table, probe, np.zeros(0, np.int64)) == (first, id_set.TAKEN_HELD if want else 0)
 
 
+@pytest.mark.kernels
 def test_id_set_insert_reports_a_value_already_present() -> None:
     table = np.zeros(16, np.int64)
     assert id_set.insert(table, np.array([5, 9], np.int64)) == -1
@@ -57,6 +59,7 @@ def test_id_set_insert_reports_a_value_already_present() -> None:
     assert sorted(id_set.members(table).tolist()) == [5, 7, 9]
 
 
+@pytest.mark.kernels
 def test_first_taken_judges_members_less_the_freed_and_repeats() -> None:
     table = np.zeros(16, np.int64)
     id_set.insert(table, np.array([3, 4, 5], np.int64))
@@ -69,6 +72,7 @@ def test_first_taken_judges_members_less_the_freed_and_repeats() -> None:
     assert sorted(id_set.members(table).tolist()) == [3, 4, 5]  # nothing changed
 
 
+@pytest.mark.kernels
 def test_the_index_grows_and_keeps_its_load_under_three_quarters() -> None:
     index = ReplicaIdIndex()
     for start in range(1, 100_000, 7_000):

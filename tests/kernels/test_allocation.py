@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import numpy as np
+import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import allocation as ak
 from mooncake_columnar.store.segments import Segment, SegmentTable
+
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
 
 
 def _allocated(sizes: list[int], segments: int) -> tuple[SegmentTable, np.ndarray, np.ndarray, np.ndarray]:

@@ -6,11 +6,14 @@ import pathlib
 
 import hypothesis.strategies as st
 import numpy as np
+import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import eviction as ek
 from mooncake_columnar.schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
                                       ST_COMPLETE)
+
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
 
 I64 = st.sampled_from([-(2**63), -1, 0, 1, 99, 100, 101, 2**63 - 1]) | st.integers(-(2**63), 2**63 - 1)
 

@@ -15,7 +15,9 @@ from mooncake_columnar.kernels.index_load import (
     set_key_refs,
 )
 from mooncake_columnar.store.keys import string_buffers
-from mooncake_columnar.synthetic import synthetic_keys
+from mooncake_columnar.tools.synthetic import synthetic_keys
+
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
 
 
 def _keys(n: int, tenants: int = 3, seed: int = 0):

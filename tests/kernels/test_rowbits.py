@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import hypothesis.strategies as st
 import numpy as np
+import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import leases, rowbits
 from mooncake_columnar.kernels import objects as ok
 from mooncake_columnar.schema import FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY
+
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
 
 
 @settings(max_examples=80, deadline=None)

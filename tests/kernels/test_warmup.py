@@ -16,7 +16,7 @@ def _compiled_signatures() -> dict[tuple[str, str], int]:
 
 
 def test_after_warmup_a_failover_with_remounts_compiles_no_kernel(capsys):
-    from mooncake_columnar.demo import run_demo
+    from mooncake_columnar.tools.demo import run_demo
     warm_up_kernels()
     before = _compiled_signatures()
     assert before and numba.config.DISABLE_JIT == 0

@@ -191,7 +191,7 @@ def test_promoted_master_does_not_allocate_on_unremounted_segments(clocks):
 
 
 def test_phase1_remount_benchmark_reports_refresh_and_visible_window():
-    from mooncake_columnar.bench import bench_remount
+    from mooncake_columnar.tools.bench import bench_remount
     r = bench_remount(20_000, segments=1, cold_cache=False)
     assert r["matched_objects"] == 20_000 and r["recovery_ttl_ms"] == LEASE_MS
     assert 0 < r["visible_ttl_ms"] <= LEASE_MS and r["refresh_seconds"] > 0 and r["baseline_copy_seconds"] > 0

@@ -26,6 +26,7 @@ def test_phase2_grant_lease_uses_steady_time(clocks):
     assert m.object_info("k").lease_deadline_ns == clocks.steady_ns() + 10_000 * MS
 
 
+@pytest.mark.kernels
 def test_phase2_grant_lease_until_never_shortens():
     lease = np.array([NEVER_LEASED, 500, 1_000], np.int64)
     for row, deadline in [(0, 700), (1, 400), (2, 1_000), (1, 800)]:

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mooncake_columnar.bench_snapshot import bench_snapshot
-from mooncake_columnar.cli import main
+from mooncake_columnar.tools.bench_snapshot import bench_snapshot
+from mooncake_columnar.tools.cli import main
 from mooncake_columnar.clock import NS_PER_MS, NS_PER_S, ManualClocks
 from mooncake_columnar.config import MasterConfig
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.messages import ReplicateConfig, SoftPinAction
-from mooncake_columnar.snapshot_cli import remaining_distribution
+from mooncake_columnar.tools.snapshot_cli import remaining_distribution
 from mooncake_columnar.snapshots.manager import SnapshotManager
 from mooncake_columnar.snapshots.repository import SnapshotRepository
 from tests.fixtures import MOONCAKE_V1 as FIXTURES

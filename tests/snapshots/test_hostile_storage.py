@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_columnar.cli import main
+from mooncake_columnar.tools.cli import main
 from mooncake_columnar.clock import NS_PER_S, ManualClocks
 from mooncake_columnar.errors import (
     InvalidParams,

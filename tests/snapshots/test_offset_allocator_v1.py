@@ -48,6 +48,8 @@ from mooncake_columnar.testing.v1_allocators import v1_allocators
 from tests.fixtures import MOONCAKE_V1 as FIXTURES
 from tests.fixtures import V1_CASES as CASES
 
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
+
 GiB = 1 << 30
 
 

@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from mooncake_columnar.analysis import (
+from mooncake_columnar.tools.analysis import (
     recovery_ttl_for_visible_window,
     restore_lease_distribution,
     simulate_failover,
 )
-from mooncake_columnar.cli import main
+from mooncake_columnar.tools.cli import main
 from mooncake_columnar.clock import NS_PER_MS
 
 OBJECTS = 6_000

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from mooncake_columnar.cli import main
+from mooncake_columnar.tools.cli import main
 
 
 def test_demo_runs_a_failover_on_embedded_defaults(capsys):

@@ -28,13 +28,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .clock import NS_PER_S, ManualClocks
-from .schema import OBJECT_COLUMNS
-from .snapshots.manager import SnapshotManager, restore_master
-from .snapshots.mooncake_v1 import decode_v1, encode_v1
-from .snapshots.repository import SnapshotRepository
-from .snapshots.state import SnapshotState, with_usage
-from .synthetic import synthetic_keys
+from ..clock import NS_PER_S, ManualClocks
+from ..schema import OBJECT_COLUMNS
+from ..snapshots.manager import SnapshotManager, restore_master
+from ..snapshots.mooncake_v1 import decode_v1, encode_v1
+from ..snapshots.repository import SnapshotRepository
+from ..snapshots.state import SnapshotState, with_usage
+from .synthetic import build_master, peak_rss_bytes, synthetic_keys
 
 # Seconds for freed memory to be handed back to the host (free page reporting waits ~2 s), so
 # that the fresh-memory floor is measured cold whatever ran just before it.
@@ -72,7 +72,7 @@ def _touch_and_free(nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
-def _warm_up(build_master) -> None:
+def _warm_up() -> None:
     """One tiny snapshot + restore first: JIT compilation and first-use imports are not charged to
     the measured run (a long-running master has them done long before its next snapshot)."""
     small = build_master(1_000)
@@ -85,11 +85,7 @@ def _warm_up(build_master) -> None:
 def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_progress: bool = False,
                    v1_sample_objects: int = 200_000) -> dict:
     """Snapshot write/restore seconds and bytes, with ratios to a same-run column copy."""
-    from .bench import (  # bench.py imports this module for AREAS
-        build_master,
-        peak_rss_bytes,
-    )
-    _warm_up(build_master)
+    _warm_up()
     clocks = ManualClocks()
     m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
                      clocks=clocks)

@@ -26,7 +26,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_warmup(args: argparse.Namespace) -> int:
-    from .warmup import warm_up_kernels
+    from ..warmup import warm_up_kernels
     print(f"serving-path kernels compiled and cached in {warm_up_kernels():.1f} s")
     return 0
 

@@ -6,54 +6,25 @@ lookups) and the ratio between them.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
-import resource
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
-from .clock import ManualClocks
-from .config import MasterConfig
-from .master import MasterService
-from .schema import OBJECT_COLUMNS, REPLICA_COLUMNS
-from .synthetic import KEY_BYTES, fill, mount_segments, synthetic_keys
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from ..clock import ManualClocks
+from ..master import MasterService
+from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
+from .bench_oplog import bench_oplog
+from .bench_snapshot import bench_snapshot
+from .synthetic import KEY_BYTES, build_master, peak_rss_bytes, promoted_master, synthetic_keys
 
 
 def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-@contextlib.contextmanager
-def _progress(total: int, label: str, enabled: bool) -> Iterator[Callable[[int], None]]:
-    if not enabled:
-        yield lambda n: None
-        return
-    from rich.progress import Progress
-    with Progress(transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
-
-
-def build_master(objects: int, *, segments: int = 4, replicas: int = 1, object_bytes: int = 4096,
-                 show_progress: bool = False, config: MasterConfig | None = None,
-                 clocks: ManualClocks | None = None) -> MasterService:
-    """A master holding ``objects`` complete objects spread over ``segments`` segments."""
-    m = MasterService(config or MasterConfig(), clocks=clocks or ManualClocks(),
-                      initial_capacity=max(1024, objects))
-    seg_bytes = max(1 << 20, int(objects * object_bytes * replicas / segments * 1.25))
-    mount_segments(m, segments, seg_bytes)
-    with _progress(objects, f"building {objects:,} objects", show_progress) as advance:
-        fill(m, objects, object_bytes=object_bytes, replica_num=replicas, progress=advance)
-    return m
 
 
 # ---- client threads ----------------------------------------------------------------------------
@@ -350,9 +321,6 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
     }
 
 
-from .bench_oplog import bench_oplog  # noqa: E402 (both import from this module lazily)
-from .bench_snapshot import bench_snapshot  # noqa: E402
-
 def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: float = 0.05,
                 show_progress: bool = False) -> dict:
     """One BatchEvict cycle of ``ratio`` over N expired objects with seeded random lease deadlines."""
@@ -384,29 +352,11 @@ def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: fl
     }
 
 
-def promoted_master(objects: int, *, segments: int = 1, replicas: int = 1, show_progress: bool = False,
-                    config: MasterConfig | None = None) -> MasterService:
-    """A master as standby promotion leaves it: N objects, every lease NEVER_LEASED, every segment
-    unreadable (invalid endpoint, no allocations) until its client remounts. Built in place rather
-    than through export/restore so that 100M objects fit in memory; real clocks, so the visible
-    window is measured."""
-    from .clock import MonotonicClocks
-    from .schema import NEVER_LEASED
-    m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
-                     config=config, clocks=MonotonicClocks())
-    m.objects.lease_deadline_ns[: m.objects.high_water] = NEVER_LEASED
-    m.segments.readable[:] = False
-    m.segments.allocatable[:] = False
-    for i in range(segments):
-        m.liveness.touch(f"client-{i}", 2**62)  # the bench's clients never time out
-    return m
-
-
 def remount_visible_ttl_ms(objects: int, segments: int = 1, replicas: int = 1) -> float:
     """The visible recovery window of a first remount, kernels warmed as standby bootstrap and
     promotion warm them (run in a fresh process with an empty Numba cache for the cold figure)."""
     from .synthetic import segment_request
-    from .warmup import warm_up_kernels
+    from ..warmup import warm_up_kernels
     warm_up_kernels()
     m = promoted_master(objects, segments=segments, replicas=replicas)
     return m.remount_segments("client-0", [segment_request(m, 0)]).visible_ttl_ms
@@ -419,7 +369,7 @@ def cold_cache_visible_ttl_ms(objects: int, segments: int = 1, replicas: int = 1
     import subprocess
     import sys
     import tempfile
-    code = ("import json, sys; from mooncake_columnar.bench import remount_visible_ttl_ms as f; "
+    code = ("import json, sys; from mooncake_columnar.tools.bench import remount_visible_ttl_ms as f; "
             "print(json.dumps(f(*map(int, sys.argv[1:]))))")
     with tempfile.TemporaryDirectory(prefix="mooncake-cold-numba-") as cache:
         out = subprocess.run([sys.executable, "-c", code, str(objects), str(segments), str(replicas)],

@@ -10,16 +10,16 @@ from __future__ import annotations
 import tempfile
 import time
 
-from .clock import ManualClocks
-from .config import MasterConfig
-from .errors import ReplicaNotReady
-from .ha.standby import StandbyService
-from .ha.stores import FileOpLogStore
-from .ha.writer import OpLogWriter
-from .master import MasterService
-from .messages import ReplicateConfig
-from .schema import PingStatus, SoftPinAction
-from .store.keys import string_buffers
+from ..clock import ManualClocks
+from ..config import MasterConfig
+from ..errors import ReplicaNotReady
+from ..ha.standby import StandbyService
+from ..ha.stores import FileOpLogStore
+from ..ha.writer import OpLogWriter
+from ..master import MasterService
+from ..messages import ReplicateConfig
+from ..schema import PingStatus, SoftPinAction
+from ..store.keys import string_buffers
 from .synthetic import fill, mount_segments, segment_request, synthetic_keys
 
 SEGMENTS = 4

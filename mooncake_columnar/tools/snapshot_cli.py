@@ -5,8 +5,8 @@
 
 Exit codes: 0 success; 1 a snapshot failed verification or cannot be inspected; 2 usage or
 repository errors (unreachable URI or storage, an invalid cluster or snapshot id, no snapshot to
-look at). Snapshot ids given on the command line are checked by the repository's one path check
-(:func:`~.snapshots.repository.check_path_part`): nothing outside the cluster directory is read.
+look at). Snapshot ids given on the command line pass the repository's one path check
+(repo_args.py).
 """
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from .clock import NS_PER_S, MonotonicClocks
-from .schema import NEVER_LEASED
+from ..clock import NS_PER_S, MonotonicClocks
+from ..errors import CliUsageError
+from ..schema import NEVER_LEASED
+from .repo_args import (EXIT_BAD_SNAPSHOT, EXIT_OK, add_repository_args, check_id, open_repo, pick_snapshot,
+                        reporting_usage_errors, storage_error)
 
-EXIT_OK, EXIT_BAD_SNAPSHOT, EXIT_USAGE = 0, 1, 2
 QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
 # Histogram edges in seconds of remaining lease: expired, then growing buckets.
 HIST_EDGES_S = (0.0, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
@@ -41,10 +43,6 @@ class _FixedClocks:
         return self._steady
 
 
-class _UsageError(Exception):
-    pass
-
-
 def _iso(system_ns: int) -> str:
     try:
         dt = datetime.fromtimestamp(system_ns / NS_PER_S, tz=timezone.utc)
@@ -53,32 +51,9 @@ def _iso(system_ns: int) -> str:
     return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _open_repo(args: argparse.Namespace):
-    from .snapshots.repository import SnapshotRepository
-    try:
-        return SnapshotRepository(args.uri, cluster_id=args.cluster_id,
-                                  timeout_s=getattr(args, "timeout_s", 5.0))
-    except Exception as e:  # pyarrow raises several types for bad URIs; report them all the same
-        raise _UsageError(f"cannot open {args.uri!r}: {type(e).__name__}: {e}") from None
-
-
-def _check_id(snapshot_id: str) -> str:
-    """A snapshot id from the command line, through the repository's one path check."""
-    from .errors import InvalidParams
-    from .snapshots.repository import check_path_part
-    try:
-        return check_path_part("snapshot_id", snapshot_id)
-    except InvalidParams as e:
-        raise _UsageError(str(e)) from None
-
-
-def _storage_error(uri: str, e: Exception) -> _UsageError:
-    return _UsageError(f"cannot read {uri!r}: {type(e).__name__}: {e}")
-
-
 def _manifest_summary(repo, snapshot_id: str) -> dict[str, Any]:
-    from .errors import ManifestError, SnapshotError, SnapshotStorageUnavailable
-    from .snapshots.manifest import parse_manifest
+    from ..errors import ManifestError, SnapshotError, SnapshotStorageUnavailable
+    from ..snapshots.manifest import parse_manifest
     row: dict[str, Any] = {"snapshot_id": snapshot_id, "format": None}
     notes: list[str] = []
     try:
@@ -102,18 +77,18 @@ def _manifest_summary(repo, snapshot_id: str) -> dict[str, Any]:
 
 # ---- ls -------------------------------------------------------------------------------------------
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from .errors import SnapshotStorageUnavailable
-    repo = _open_repo(args)
+    from ..errors import SnapshotStorageUnavailable
+    repo = open_repo(args)
     try:
         ids, latest = repo.list(), repo.latest()
     except Exception as e:
-        raise _UsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
+        raise CliUsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
     rows = []
     for sid in ids:
         try:
             row = _manifest_summary(repo, sid)
         except SnapshotStorageUnavailable as e:
-            raise _storage_error(args.uri, e) from None
+            raise storage_error(args.uri, e) from None
         row["latest"] = sid == latest
         rows.append(row)
     if args.json:
@@ -131,26 +106,6 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 # ---- inspect ----------------------------------------------------------------------------------------
-def _pick(repo, snapshot_id: str | None) -> str:
-    """The id asked for (checked), else the one latest.txt names, else (latest.txt absent,
-    malformed or dangling: said on stderr) the newest published one, or the newest listed."""
-    if snapshot_id is not None:
-        return _check_id(snapshot_id)
-    try:
-        plan = repo.candidate_plan()
-        if not plan.ids:
-            raise _UsageError(f"no snapshots under {repo.base}")
-        for note in plan.notes:
-            print(f"note: {note}", file=sys.stderr)
-        if plan.latest is not None:
-            return plan.latest
-        return next((sid for sid in plan.ids if repo.unpublished_reason(sid) is None), plan.ids[0])
-    except _UsageError:
-        raise
-    except Exception as e:
-        raise _UsageError(f"cannot list {repo.base!r}: {type(e).__name__}: {e}") from None
-
-
 def remaining_distribution(remaining_ns: np.ndarray) -> dict[str, Any]:
     """Counts, quantiles (s) and a histogram (s) of remaining times; NEVER_LEASED excluded."""
     remaining_ns = np.asarray(remaining_ns, np.int64)
@@ -175,7 +130,7 @@ def remaining_distribution(remaining_ns: np.ndarray) -> dict[str, Any]:
 
 
 def _inspect(repo, snapshot_id: str, at_system_ns: int) -> dict[str, Any]:
-    from .snapshots.complete import cleanup_state, decode_candidate
+    from ..snapshots.complete import cleanup_state, decode_candidate
     state, manifest, _ = decode_candidate(repo, snapshot_id, _FixedClocks(at_system_ns))
     text = repo.read_manifest(snapshot_id).decode("ascii")
     checksum = None
@@ -243,14 +198,14 @@ def _print_inspect(info: dict[str, Any]) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .errors import SnapshotStorageUnavailable
-    repo = _open_repo(args)
-    snapshot_id = _pick(repo, args.snapshot_id)
+    from ..errors import SnapshotStorageUnavailable
+    repo = open_repo(args)
+    snapshot_id = pick_snapshot(repo, args.snapshot_id)
     at = MonotonicClocks().system_ns() if args.at_system_ns is None else args.at_system_ns
     try:
         info = _inspect(repo, snapshot_id, at)
     except SnapshotStorageUnavailable as e:
-        raise _storage_error(args.uri, e) from None
+        raise storage_error(args.uri, e) from None
     except Exception as e:
         print(f"cannot inspect snapshot {snapshot_id}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_BAD_SNAPSHOT
@@ -266,35 +221,35 @@ def verify_snapshot(repo, snapshot_id: str, at_system_ns: int) -> None:
     """Everything a restore checks, without building an engine: strict manifest, every payload
     present, digests (v2), Arrow/msgpack decode, schema and descriptor validation, the clock
     conversion at ``at_system_ns`` and cleanup. Raises on the first problem."""
-    from .clock import MonotonicClocks
-    from .snapshots.complete import cleanup_state, decode_candidate
+    from ..clock import MonotonicClocks
+    from ..snapshots.complete import cleanup_state, decode_candidate
     clocks = _FixedClocks(at_system_ns, MonotonicClocks().steady_ns())
     state, _, now_ns = decode_candidate(repo, snapshot_id, clocks)
     cleanup_state(state, now_ns, drop_expired=True)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .errors import SnapshotStorageUnavailable
-    repo = _open_repo(args)
+    from ..errors import SnapshotStorageUnavailable
+    repo = open_repo(args)
     if args.snapshot_id:
-        ids = [_check_id(sid) for sid in args.snapshot_id]
+        ids = [check_id(sid) for sid in args.snapshot_id]
     else:
         try:
             plan = repo.candidate_plan()
         except Exception as e:
-            raise _UsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
+            raise CliUsageError(f"cannot list {args.uri!r}: {type(e).__name__}: {e}") from None
         ids = plan.ids
         for note in plan.notes:
             print(f"note: {note}", file=sys.stderr)
     if not ids:
-        raise _UsageError(f"no snapshots to verify under {repo.base}")
+        raise CliUsageError(f"no snapshots to verify under {repo.base}")
     at = MonotonicClocks().system_ns() if args.at_system_ns is None else args.at_system_ns
     results = []
     for sid in ids:
         try:
             verify_snapshot(repo, sid, at)
         except SnapshotStorageUnavailable as e:
-            raise _storage_error(args.uri, e) from None
+            raise storage_error(args.uri, e) from None
         except Exception as e:
             results.append({"snapshot_id": sid, "ok": False, "error": f"{type(e).__name__}: {e}"})
         else:
@@ -311,44 +266,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 # ---- wiring ----------------------------------------------------------------------------------------
-def _run(fn):
-    def wrapper(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except _UsageError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-    return wrapper
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    from .snapshots.repository import DEFAULT_CLUSTER_ID
-    p.add_argument("uri", help="snapshot root: a local directory or s3://bucket/prefix?...")
-    p.add_argument("--cluster-id", default=DEFAULT_CLUSTER_ID,
-                   help=f"cluster directory under the root (default {DEFAULT_CLUSTER_ID})")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeout-s", type=float, default=5.0,
-                   help="S3 connect/request timeout in seconds (default 5)")
-
-
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``snapshot ls|inspect|verify`` on the top-level subparsers."""
     s = sub.add_parser("snapshot", help="list, inspect and verify complete snapshots")
     ssub = s.add_subparsers(dest="snapshot_command", required=True)
     ls = ssub.add_parser("ls", help="snapshot ids (newest first, latest marked) and formats")
-    _common(ls)
-    ls.set_defaults(func=_run(_cmd_ls))
+    add_repository_args(ls)
+    ls.set_defaults(func=reporting_usage_errors(_cmd_ls))
     ins = ssub.add_parser("inspect", help="manifest, clock pair, counts, remaining-lease distribution")
-    _common(ins)
+    add_repository_args(ins)
     ins.add_argument("--snapshot-id", help="default: the one in latest.txt")
     ins.add_argument("--at-system-ns", type=int,
                      help="restore time (Unix ns) for remaining leases; default now")
-    ins.set_defaults(func=_run(_cmd_inspect))
+    ins.set_defaults(func=reporting_usage_errors(_cmd_inspect))
     ver = ssub.add_parser("verify", help="check digests and decodability without restoring")
-    _common(ver)
+    add_repository_args(ver)
     ver.add_argument("--snapshot-id", action="append",
                      help="snapshot to verify (repeatable); default: every restore candidate")
     ver.add_argument("--at-system-ns", type=int,
                      help="restore time (Unix ns) for the clock-conversion check; default now")
-    ver.set_defaults(func=_run(_cmd_verify))
+    ver.set_defaults(func=reporting_usage_errors(_cmd_verify))
     return s

@@ -18,24 +18,17 @@ import json
 import time
 from typing import Any
 
-from .snapshot_cli import (
-    EXIT_BAD_SNAPSHOT,
-    EXIT_OK,
-    _common,
-    _open_repo,
-    _pick,
-    _run,
-    _storage_error,
-)
+from .repo_args import (EXIT_BAD_SNAPSHOT, EXIT_OK, add_repository_args, open_repo, pick_snapshot,
+                        reporting_usage_errors, storage_error)
 
 
 def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False) -> dict[str, Any]:
     """Restore ``snapshot_id`` into a MasterService and self-check it; a result dict with
     ``ok``, ``objects`` and, on failure, ``check`` (the invariant id, or ``restore``) and ``error``."""
-    from .clock import MonotonicClocks
-    from .errors import EngineInvariantError, SnapshotStorageUnavailable
-    from .master import MasterService
-    from .snapshots.complete import cleanup_state, decode_candidate
+    from ..clock import MonotonicClocks
+    from ..errors import EngineInvariantError, SnapshotStorageUnavailable
+    from ..master import MasterService
+    from ..snapshots.complete import cleanup_state, decode_candidate
 
     out: dict[str, Any] = {"snapshot_id": snapshot_id, "ok": False, "objects": None, "check": None,
                            "error": None}
@@ -63,13 +56,13 @@ def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .errors import SnapshotStorageUnavailable
-    repo = _open_repo(args)
-    snapshot_id = _pick(repo, args.snapshot)  # a given id passes the repository's path check
+    from ..errors import SnapshotStorageUnavailable
+    repo = open_repo(args)
+    snapshot_id = pick_snapshot(repo, args.snapshot)  # a given id passes the repository's path check
     try:
         result = verify_snapshot_engine(repo, snapshot_id, drop_expired=args.drop_expired)
     except SnapshotStorageUnavailable as e:
-        raise _storage_error(args.uri, e) from None
+        raise storage_error(args.uri, e) from None
     if args.json:
         print(json.dumps(result))
     elif result["ok"]:
@@ -84,9 +77,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``verify`` on the top-level subparsers."""
     p = sub.add_parser("verify", help="restore a snapshot into an engine and run the engine self-check")
-    _common(p)
+    add_repository_args(p)
     p.add_argument("--snapshot", help="snapshot id (default: the one in latest.txt)")
     p.add_argument("--drop-expired", action="store_true",
                    help="drop expired, unpinned objects first, as a restore does by default")
-    p.set_defaults(func=_run(_cmd_verify))
+    p.set_defaults(func=reporting_usage_errors(_cmd_verify))
     return p

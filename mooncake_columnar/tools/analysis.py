@@ -19,15 +19,14 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from .bench import build_master, promoted_master
-from .clock import NS_PER_MS, ManualClocks
-from .config import MasterConfig
-from .master import MasterService
-from .schema import FLAG_LIVE, KIND_MEMORY, ST_COMPLETE
-from .snapshots.complete import write_snapshot
-from .snapshots.manager import restore_master
-from .snapshots.repository import SnapshotRepository
-from .synthetic import segment_request
+from ..clock import NS_PER_MS, ManualClocks
+from ..config import MasterConfig
+from ..master import MasterService
+from ..schema import FLAG_LIVE, KIND_MEMORY, ST_COMPLETE
+from ..snapshots.complete import write_snapshot
+from ..snapshots.manager import restore_master
+from ..snapshots.repository import SnapshotRepository
+from .synthetic import build_master, promoted_master, segment_request
 
 # A steady epoch unrelated to the writer's: raw steady values must never carry across processes.
 RESTORE_STEADY_EPOCH_NS = 5_000_000 * NS_PER_MS

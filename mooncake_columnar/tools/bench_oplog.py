@@ -5,10 +5,10 @@ import time
 
 import numpy as np
 
-from .clock import ManualClocks
-from .config import MasterConfig
-from .master import MasterService
-from .synthetic import mount_segments, synthetic_keys
+from ..clock import ManualClocks
+from ..config import MasterConfig
+from ..master import MasterService
+from .synthetic import mount_segments, peak_rss_bytes, synthetic_keys
 
 
 def bench_oplog(objects: int, *, segments: int = 4, replicas: int = 1, show_progress: bool = False) -> dict:
@@ -20,11 +20,10 @@ def bench_oplog(objects: int, *, segments: int = 4, replicas: int = 1, show_prog
 
     import msgpack
 
-    from .bench import peak_rss_bytes
-    from .ha.apply import apply_batch
-    from .ha.standby import StandbyService
-    from .ha.stores import FileOpLogStore
-    from .ha.writer import OpLogWriter
+    from ..ha.apply import apply_batch
+    from ..ha.standby import StandbyService
+    from ..ha.stores import FileOpLogStore
+    from ..ha.writer import OpLogWriter
     with tempfile.TemporaryDirectory() as tmp:
         clocks = ManualClocks()
         store = FileOpLogStore(f"{tmp}/oplog")
