@@ -28,6 +28,7 @@ from numba import njit
 
 from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, SnapshotFieldError
 from ..kernels import allocation as ak
+from ..kernels import hashing as hk
 from ..kernels import id_set
 from ..schema import (KIND_MEMORY, NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA,
                       ST_COMPLETE, ST_EMPTY)
@@ -97,48 +98,13 @@ def _apply_segment(m: "MasterService", ids: ReplicaIdIndex, seq: int, op: OpType
             ids.replace(dropped, dropped[:0])
 
 
-@njit(cache=True)
-def _last_of_each_key(tenants: np.ndarray, offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
-    """Mask of the rows that are the last occurrence of their (tenant code, key bytes): one pass
-    from the end with an open-addressing table of rows (FNV-1a over tenant and bytes)."""
-    n = tenants.shape[0]
-    cap = 16
-    while cap < 2 * n:
-        cap *= 2
-    slots = np.full(cap, -1, np.int64)
-    last = np.zeros(n, np.bool_)
-    for i in range(n - 1, -1, -1):
-        s, e = offsets[i], offsets[i + 1]
-        h = np.uint64(14695981039346656037) ^ np.uint64(tenants[i] & 0xFFFFFFFF)
-        for b in range(s, e):
-            h = (h ^ np.uint64(data[b])) * np.uint64(1099511628211)
-        j = np.int64(h & np.uint64(cap - 1))
-        while True:
-            r = slots[j]
-            if r < 0:
-                slots[j] = i
-                last[i] = True
-                break
-            rs, re = offsets[r], offsets[r + 1]
-            if tenants[r] == tenants[i] and re - rs == e - s:
-                same = True
-                for k in range(e - s):
-                    if data[s + k] != data[rs + k]:
-                        same = False
-                        break
-                if same:
-                    break  # a later row already holds this key
-            j = (j + 1) & (cap - 1)
-    return last
-
-
 def _apply_objects(m: "MasterService", ids: ReplicaIdIndex, run: OpLogColumns, seq0: int) -> None:
     """One run of PUT_END / REMOVE rows (row i is sequence id ``seq0 + i``): validate, delete
     every key it names, insert the last PUT_END of each key. Nothing is mutated when validation
     fails."""
     if len(run) == 0:
         return
-    last = _last_of_each_key(run.tenant, run.key_offsets, run.key_bytes)
+    last = hk.last_of_each_key(run.key_offsets, run.key_bytes, run.tenant)
     # engine code of each tenant string (-1: never interned, so no object to delete); per distinct tenant
     engine_tenant = np.full(len(run.strings), -1, np.int32)
     used = np.unique(run.tenant)

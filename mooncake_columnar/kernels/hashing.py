@@ -279,6 +279,32 @@ def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
     return _find_rows_nogil(table, arena, key_refs, row_tenant, offsets, data, tenants)
 
 
+@njit(cache=True)
+def last_of_each_key(offsets, data, tenants):
+    """Mask of the rows that are the last occurrence of their (tenant, key bytes ``data``,
+    ``offsets``; keys at most 2**KEY_LENGTH_BITS - 1 bytes). A pass from the end through a
+    temporary table of this module's layout (the key index's hash, tags, probing and byte check)
+    that reads the keys in place: ``data`` is its arena."""
+    n = offsets.shape[0] - 1
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    table = np.full(cap, EMPTY_SLOT, np.int64)
+    refs = np.empty(n, np.int64)
+    for i in range(n):
+        refs[i] = key_ref(offsets[i], offsets[i + 1] - offsets[i])
+    last = np.zeros(n, np.bool_)
+    for i in range(n - 1, -1, -1):
+        s = offsets[i]
+        length = offsets[i + 1] - s
+        h = hash_key(data, s, length, tenants[i])
+        row, slot = find_or_empty_slot(table, data, refs, tenants, data, s, length, tenants[i], h)
+        if row < 0:  # no later row holds this key
+            fill_slot(table, slot, h, i)
+            last[i] = True
+    return last
+
+
 @njit(inline="always", cache=True)
 def _hash_block(rows, b, m, arena, key_refs, row_tenant, hs, scratch):
     """Hash rows[b:b+m] into hs[:m] in two steps so their cache misses overlap: first load each

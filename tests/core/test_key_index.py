@@ -78,3 +78,14 @@ def test_bulk_delete_across_region_boundaries_matches_one_by_one(seed, fraction)
     expected[doomed] = -1
     np.testing.assert_array_equal(found, expected)
     assert sorted(hk.slot_rows(index.table).tolist()) == np.flatnonzero(expected >= 0).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["", "a", "ab", "k" * 9, "k" * 17])),
+                     max_size=200))
+def test_last_of_each_key_matches_a_dict(rows):
+    """The last row of each (tenant, key), as a dict keeping the last index sees it."""
+    offsets, data = string_buffers(as_string_array([key for _, key in rows]))
+    tenants = np.array([tenant for tenant, _ in rows], np.int32)
+    last = {row: i for i, row in enumerate(rows)}
+    assert np.flatnonzero(hk.last_of_each_key(offsets, data, tenants)).tolist() == sorted(last.values())
