@@ -3,18 +3,19 @@
 A batch is applied as columns, strictly in sequence order: segment entries (rare) one by one, and
 each maximal run of object entries between them vectorized. Within a run only the last op of each
 (tenant, key) matters (PUT_END carries the whole descriptor, REMOVE deletes), so the run becomes
-one batch delete of the keys it names plus one batch insert of their last PUT_ENDs. No deadline
-is ever read from an entry: applied objects hold NEVER_LEASED / NO_DEADLINE (RFC Phase 1).
+one batch delete of the keys it names plus one batch insert of their last PUT_ENDs, straight into
+the store (``MetadataStore.insert_objects``, which a restore uses too). No deadline is ever read
+from an entry: applied objects hold NEVER_LEASED / NO_DEADLINE (RFC Phase 1).
 
-Before a run mutates anything, its inserts are validated as the snapshot-shaped tables they
-become (``SnapshotState.validate``: every field in its domain, extents inside their segments and
-unit-aligned) and their extents are taken from the segments' free lists, which apply keeps exact
-on the standby (the engine's frees skip segments that take no allocations): an extent that
-overlaps one the standby already holds, or another of the run, is refused, typed
-(:class:`~mooncake_columnar.errors.OpLogInvalidEntry`, naming the entry), and the standby is left
-as it was before the run. Likewise a replica id that another object holds (the standby's
-replica-id index, :mod:`.replica_ids`, less the ids of the objects the run erases or replaces)
-or that two inserts of the run share. Apply keeps that index exact: every path by which it
+Before a run mutates anything, its inserts are validated on their columns by the checks a
+snapshot state's go through (:mod:`..snapshots.state`: every field in its domain, extents inside
+their segments and unit-aligned) and their extents are taken from the segments' free lists,
+which apply keeps exact on the standby (the engine's frees skip segments that take no
+allocations): an extent that overlaps one the standby already holds, or another of the run, is
+refused, typed (:class:`~mooncake_columnar.errors.OpLogInvalidEntry`, naming the entry), and the
+standby is left as it was before the run. Likewise a replica id that another object holds (the
+standby's replica-id index, :mod:`.replica_ids`, less the ids of the objects the run erases or
+replaces) or that two inserts of the run share. Apply keeps that index exact: every path by which it
 changes the held replicas (the run's erase and insert, a segment unmount) updates it.
 """
 from __future__ import annotations
@@ -30,10 +31,10 @@ from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, Snapsh
 from ..kernels import allocation as ak
 from ..kernels import hashing as hk
 from ..kernels import id_set
-from ..schema import (KIND_MEMORY, NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA,
+from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, NEVER_LEASED, NO_DEADLINE,
                       ST_COMPLETE, ST_EMPTY)
-from ..snapshots.state import SnapshotState
-from ..store.arrow_io import append_objects
+from ..snapshots.state import check_next_id, check_object_columns, check_replica_columns, check_segments
+from ..store.inserts import NewObjects
 from ..store.keys import string_buffers
 from ..store.segments import Segment, segments_table
 from .oplog import OpLogBatch, OpLogColumns, OpType, SegmentPayload
@@ -115,7 +116,8 @@ def _apply_objects(m: "MasterService", ids: ReplicaIdIndex, run: OpLogColumns, s
     reps = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
     rep_put = np.repeat(np.arange(puts.size), counts)  # each replica's index into puts
     _check_puts(m, run, puts, p, reps, rep_put, seq0)
-    tables = _validated_tables(m, run, puts, p, reps, counts, seq0) if puts.size else None
+    if puts.size:
+        _validate_puts(m, run, puts, p, reps, rep_put, counts, seq0)
 
     keys = run.keys
     tenants = engine_tenant[run.tenant]
@@ -131,8 +133,8 @@ def _apply_objects(m: "MasterService", ids: ReplicaIdIndex, run: OpLogColumns, s
     m.store.erase_rows(erased)  # from here on nothing raises: every check above passed
     for code, (st, ln) in free_lists.items():
         m.segments.install_allocator(code, st, ln, int(m.segments.capacity[code]) - int(ln.sum()))
-    if tables is not None:
-        append_objects(m.store, *tables)
+    if puts.size:
+        m.store.insert_objects(_new_objects(m, run, puts, p, reps, rep_put))
         if new_ids.size:
             m.store.next_replica_id = max(m.store.next_replica_id, int(new_ids.max()) + 1)
     ids.replace(freed, new_ids)
@@ -175,23 +177,30 @@ def _check_ids_free(ids: ReplicaIdIndex, freed: np.ndarray, new_ids: np.ndarray,
         raise OpLogInvalidEntry("replica_id", f"PUT_END replica id {int(new_ids[k])} is {what}", int(rep_seq[k]))
 
 
-def _validated_tables(m: "MasterService", run: OpLogColumns, puts: np.ndarray, p: np.ndarray,
-                      reps: np.ndarray, counts: np.ndarray, seq0: int) -> tuple[pa.Table, pa.Table]:
-    """The run's objects and replicas tables, validated as a snapshot state against the
-    standby's segments (extents inside them, on their units; ids unique; sizes > 0...): a
-    SnapshotFieldError becomes OpLogInvalidEntry naming the entry."""
-    objects, replicas = _tables(run, puts, p, reps, counts)
+def _validate_puts(m: MasterService, run: OpLogColumns, puts: np.ndarray, p: np.ndarray, reps: np.ndarray,
+                   rep_put: np.ndarray, counts: np.ndarray, seq0: int) -> None:
+    """The run's objects and replicas checked as a snapshot state's are, on their columns,
+    against the standby's segments (:mod:`..snapshots.state`: every field in its domain, extents
+    inside their segments and on their units, ids unique...): a SnapshotFieldError becomes
+    OpLogInvalidEntry naming the entry. Overlaps are left to _take_extents, which carves every
+    new extent out of free space."""
     ids = run.replica_id[reps]
-    next_id = max(m.next_replica_id, int(ids.max()) + 1 if ids.size else 1)
+    segment, names = _distinct(run, run.replica_segment[reps])
+    size = run.size[p].astype(np.int64)
     try:
-        # overlaps are left to _take_extents, which carves every new extent out of free space
-        SnapshotState(objects, replicas, _segments_table(m), next_id).validate(check_unique_keys=False,
-                                                                                check_overlaps=False)
+        next_id = check_next_id(max(m.next_replica_id, int(ids.max()) + 1 if ids.size else 1))
+        check_object_columns(size, run.put_start_time_ms[p].astype(np.int64), np.diff(run.key_offsets)[puts])
+        check_segments(_segments_table(m))
+        check_replica_columns({"object_index": rep_put, "replica_id": ids, "kind": run.replica_kind[reps],
+                               "status": run.replica_status[reps],
+                               "offset": run.replica_offset[reps].astype(np.int64),
+                               "size": run.replica_size[reps].astype(np.int64)},
+                              segment, names, np.array([m.segments.code(n) for n in names], np.int64),
+                              counts.astype(np.int32), size, m.segments.capacity, m.segments.unit_bits, next_id)
     except SnapshotFieldError as e:
         obj = (None if e.row is None else e.row if e.table == "objects"
-               else int(replicas.column("object_index")[e.row].as_py()) if e.table == "replicas" else None)
+               else int(rep_put[e.row]) if e.table == "replicas" else None)
         raise OpLogInvalidEntry(e.field, f"PUT_END: {e}", None if obj is None else seq0 + int(puts[obj])) from e
-    return objects, replicas
 
 
 def _segments_table(m: "MasterService") -> pa.Table:
@@ -289,39 +298,34 @@ def _carve(st, ln, n, offs, ends):
     return out_st, out_ln, k, -1
 
 
-def _tables(run: OpLogColumns, puts: np.ndarray, p: np.ndarray, reps: np.ndarray,
-            counts: np.ndarray) -> tuple[pa.Table, pa.Table]:
-    """The objects and replicas tables of ``append_objects`` for the selected PUT_END rows."""
+def _distinct(run: OpLogColumns, codes: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """(codes, names) of the strings ``run.strings[codes]``: ``names`` the distinct ones in order
+    of first appearance (as a column's dictionary encoding has them), codes into it."""
+    used, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[inverse], run.strings.take(pa.array(used[order])).to_pylist()
+
+
+def _new_objects(m: MasterService, run: OpLogColumns, puts: np.ndarray, p: np.ndarray, reps: np.ndarray,
+                 rep_put: np.ndarray) -> NewObjects:
+    """The selected PUT_END rows as the store's columns (names interned): never leased, no
+    soft-pin deadline, not in flight (RFC Phase 1)."""
+    s = m.store
     n = puts.size
-    strings = run.strings.cast(pa.string())
-
-    def text(codes: np.ndarray) -> pa.Array:
-        return strings.take(pa.array(codes))
-
+    tenant = s.tenants.codes(*_distinct(run, run.tenant[puts]))
     keys = run.keys if n == len(run) else run.keys.take(pa.array(puts))
-    objects = pa.table({
-        "tenant": text(run.tenant[puts]),
-        "key": keys.cast(pa.string()),
-        "client": text(run.client[p]),
-        "size_bytes": run.size[p].astype(np.int64),
-        "data_type": run.data_type[p],
-        "group": text(run.group[p]),
-        "hard_pinned": run.hard_pinned[p],
-        "soft_pin_enabled": run.soft_pin_enabled[p],
-        "lease_deadline_ns": np.full(n, NEVER_LEASED, np.int64),
-        "soft_pin_deadline_ns": np.full(n, NO_DEADLINE, np.int64),
-        "put_start_time_ms": run.put_start_time_ms[p].astype(np.int64),
-        "processing": np.zeros(n, np.bool_),
-        "replica_count": counts.astype(np.int32),
-    }, schema=OBJECTS_ARROW_SCHEMA)
-    replicas = pa.table({
-        "object_index": np.repeat(np.arange(n, dtype=np.int64), counts),
-        "replica_id": run.replica_id[reps],
-        "kind": run.replica_kind[reps],
-        "status": run.replica_status[reps],
-        "segment": text(run.replica_segment[reps]),
-        "offset": run.replica_offset[reps].astype(np.int64),
-        "size": run.replica_size[reps].astype(np.int64),
-        "readable": np.zeros(reps.size, np.bool_),
-    }, schema=REPLICAS_ARROW_SCHEMA)
-    return objects, replicas
+    offsets, data = string_buffers(keys)
+    flags = (FLAG_LIVE | np.where(run.hard_pinned[p], FLAG_HARD_PINNED, 0)
+             | np.where(run.soft_pin_enabled[p], FLAG_SOFT_PIN_ENABLED, 0)).astype(np.uint8)
+    kind = run.replica_kind[reps]
+    return NewObjects(
+        tenant=tenant, key_offsets=offsets, key_data=data, client=s.clients.codes(*_distinct(run, run.client[p])),
+        group=s.group_codes(tenant, *_distinct(run, run.group[p])), size_bytes=run.size[p].astype(np.int64),
+        data_type=run.data_type[p], flags=flags, lease_deadline_ns=np.full(n, NEVER_LEASED, np.int64),
+        soft_pin_deadline_ns=np.full(n, NO_DEADLINE, np.int64),
+        put_start_ms=run.put_start_time_ms[p].astype(np.int64), replica_object=rep_put,
+        replica_segment=s.replica_locations(kind, *_distinct(run, run.replica_segment[reps])), replica_kind=kind,
+        replica_status=run.replica_status[reps], replica_offset=run.replica_offset[reps].astype(np.int64),
+        replica_id=run.replica_id[reps])

@@ -215,14 +215,7 @@ class SnapshotState:
         return self
 
     def _validate_next_id(self) -> int:
-        try:
-            next_id = operator.index(self.replica_next_id)
-        except TypeError:
-            next_id = -1
-        if isinstance(self.replica_next_id, bool) or not 1 <= next_id <= MAX_REPLICA_NEXT_ID:
-            raise SnapshotFieldError("state", "replica_next_id", None,
-                                     f"{self.replica_next_id!r} is not in [1, 2**62]")
-        return next_id
+        return check_next_id(self.replica_next_id)
 
     def _validate_objects(self, check_unique_keys: bool = True) -> None:
         objs = self.objects
@@ -233,11 +226,8 @@ class SnapshotState:
             # exits aborts the process ("terminate called without an active exception")
             if pairs.group_by(["tenant", "key"], use_threads=False).aggregate([]).num_rows != objs.num_rows:
                 raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
-        _check_range("objects", "size_bytes", _np(objs, "size_bytes"), 1, INT64_MAX)
-        _check_range("objects", "put_start_time_ms", _np(objs, "put_start_time_ms"), 0, MAX_PUT_START_MS)
-        if objs.num_rows:
-            _check_range("objects", "key", pc.binary_length(objs.column("key")).to_numpy(), 1, MAX_KEY_BYTES,
-                         "bytes long")
+        key_bytes = pc.binary_length(objs.column("key")).to_numpy() if objs.num_rows else np.zeros(0, np.int64)
+        check_object_columns(_np(objs, "size_bytes"), _np(objs, "put_start_time_ms"), key_bytes)
 
     def _validate_checksums(self) -> None:
         check_table(self.checksums, CHECKSUMS_ARROW_SCHEMA, "checksums")
@@ -247,49 +237,17 @@ class SnapshotState:
                    "does not follow the previous row's (increasing: one checksum per object)")
 
     def _validate_segments(self) -> np.ndarray:
-        """Checks the segments table; returns each row's allocation-unit bits."""
-        segs = self.segments
-        if pc.count_distinct(segs.column("name")).as_py() != segs.num_rows:
-            raise SnapshotFieldError("segments", "name", None, "duplicate segment name")
-        if not segs.num_rows:
-            return np.zeros(0, np.int64)
-        _check_range("segments", "name", pc.binary_length(segs.column("name")).to_numpy(), 1, INT64_MAX,
-                     "bytes long")
-        size, used, base = _np(segs, "size"), _np(segs, "used"), _np(segs, "base")
-        _check_range("segments", "size", size, 1, INT64_MAX)
-        _first_bad("segments", "used", (used < 0) | (used > size), used, "outside [0, size]")
-        # size >= 1 here, so INT64_MAX - size fits uint64: base + size stays within int64
-        _first_bad("segments", "base", base > (INT64_MAX - size).astype(np.uint64), base,
-                   "puts base + size past int64")
-        ids = segs.column("segment_id")
-        named = pc.not_equal(ids, "")
-        bad = first_bad_uuid(ids.filter(named))
-        if bad >= 0:
-            row = int(np.flatnonzero(named.to_numpy(zero_copy_only=False))[bad])
-            raise SnapshotFieldError("segments", "segment_id", row,
-                                     f"{ids[row].as_py()!r} is not an upstream UUID string")
-        if pc.count_distinct(ids.filter(named)).as_py() != pc.sum(named).as_py():
-            raise SnapshotFieldError("segments", "segment_id", None, "duplicate segment id")
-        return multiplier_bits(size)
+        return check_segments(self.segments)
 
     def _validate_replicas(self, next_id: int, unit_bits: np.ndarray, check_overlaps: bool = True) -> None:
         reps, objs = self.replicas, self.objects
         codes, names = name_codes(reps.column("segment"))
         seg_rows = _segment_lut(names, self.segments)
-        offset, size, ids = _np(reps, "offset"), _np(reps, "size"), _np(reps, "replica_id")
-        err, at = _check_replicas(_np(reps, "object_index"), _np(objs, "replica_count"), _np(objs, "size_bytes"),
-                                  ids, offset, size, _np(reps, "kind"), _np(reps, "status"), codes,
-                                  seg_rows, _np(self.segments, "size"), unit_bits, np.uint64(next_id))
-        if err:
-            field, what = _REPLICA_ERRORS[err]
-            value = reps.column(field)[at].as_py() if at < reps.num_rows else None
-            raise SnapshotFieldError("replicas", field, at if at < reps.num_rows else None,
-                                     f"{value!r}: {what.format(n=objs.num_rows, next_id=next_id)}")
-        dup = _first_duplicate(ids, next_id)
-        if dup >= 0:
-            raise SnapshotFieldError("replicas", "replica_id", dup, f"{int(ids[dup])} is used twice")
+        columns = {name: _np(reps, name) for name in _REPLICA_COLUMNS}
+        check_replica_columns(columns, codes, names, seg_rows, _np(objs, "replica_count"), _np(objs, "size_bytes"),
+                              _np(self.segments, "size"), unit_bits, next_id)
         if check_overlaps:
-            self._check_overlaps(seg_rows[codes] if codes.size else codes, offset, size)
+            self._check_overlaps(seg_rows[codes] if codes.size else codes, columns["offset"], columns["size"])
 
     def _check_overlaps(self, seg: np.ndarray, off: np.ndarray, sz: np.ndarray) -> None:
         # REMOVED replicas no longer own their extent; every other memory replica does. Offsets
@@ -325,6 +283,79 @@ class SnapshotState:
                 raise SnapshotFieldError("objects", field, row,
                                          f"{int(values[row])} is {int(values[row]) - int(now_ns)} ns past the "
                                          f"clock's {int(now_ns)}, more than the longest TTL ({int(max_ttl_ns)} ns)")
+
+
+def check_segments(segs: pa.Table) -> np.ndarray:
+    """Checks a segments table's values (names, sizes, bases, ids); returns each row's
+    allocation-unit bits."""
+    if pc.count_distinct(segs.column("name")).as_py() != segs.num_rows:
+        raise SnapshotFieldError("segments", "name", None, "duplicate segment name")
+    if not segs.num_rows:
+        return np.zeros(0, np.int64)
+    _check_range("segments", "name", pc.binary_length(segs.column("name")).to_numpy(), 1, INT64_MAX,
+                 "bytes long")
+    size, used, base = _np(segs, "size"), _np(segs, "used"), _np(segs, "base")
+    _check_range("segments", "size", size, 1, INT64_MAX)
+    _first_bad("segments", "used", (used < 0) | (used > size), used, "outside [0, size]")
+    # size >= 1 here, so INT64_MAX - size fits uint64: base + size stays within int64
+    _first_bad("segments", "base", base > (INT64_MAX - size).astype(np.uint64), base,
+               "puts base + size past int64")
+    ids = segs.column("segment_id")
+    named = pc.not_equal(ids, "")
+    bad = first_bad_uuid(ids.filter(named))
+    if bad >= 0:
+        row = int(np.flatnonzero(named.to_numpy(zero_copy_only=False))[bad])
+        raise SnapshotFieldError("segments", "segment_id", row,
+                                 f"{ids[row].as_py()!r} is not an upstream UUID string")
+    if pc.count_distinct(ids.filter(named)).as_py() != pc.sum(named).as_py():
+        raise SnapshotFieldError("segments", "segment_id", None, "duplicate segment id")
+    return multiplier_bits(size)
+
+
+def check_next_id(value: int) -> int:
+    """``value`` as a replica_next_id: an int in [1, 2**62], else SnapshotFieldError."""
+    try:
+        next_id = operator.index(value)
+    except TypeError:
+        next_id = -1
+    if isinstance(value, bool) or not 1 <= next_id <= MAX_REPLICA_NEXT_ID:
+        raise SnapshotFieldError("state", "replica_next_id", None, f"{value!r} is not in [1, 2**62]")
+    return next_id
+
+
+def check_object_columns(size_bytes: np.ndarray, put_start_ms: np.ndarray, key_bytes: np.ndarray) -> None:
+    """The objects' domains on columns (row i: object i; ``key_bytes``: each key's length):
+    SnapshotFieldError("objects", field, row) naming the first value outside its domain."""
+    _check_range("objects", "size_bytes", size_bytes, 1, INT64_MAX)
+    _check_range("objects", "put_start_time_ms", put_start_ms, 0, MAX_PUT_START_MS)
+    _check_range("objects", "key", key_bytes, 1, MAX_KEY_BYTES, "bytes long")
+
+
+# the replica columns check_replica_columns reads (the replicas table's names)
+_REPLICA_COLUMNS = ("object_index", "replica_id", "kind", "status", "offset", "size")
+
+
+def check_replica_columns(replicas: dict[str, np.ndarray], segment: np.ndarray, segment_names: list[str],
+                          segment_rows: np.ndarray, replica_count: np.ndarray, size_bytes: np.ndarray,
+                          capacity: np.ndarray, unit_bits: np.ndarray, next_id: int) -> None:
+    """The replicas' domains on columns: ``replicas`` holds the columns of _REPLICA_COLUMNS;
+    replica i is on segment name ``segment_names[segment[i]]``, at row ``segment_rows[segment[i]]``
+    (-1: unknown) of ``capacity``/``unit_bits``; ``replica_count``/``size_bytes`` are the objects'.
+    Raises SnapshotFieldError("replicas", field, row) naming the first bad replica (see
+    :meth:`SnapshotState.validate`), ids included (in [1, next_id), unique)."""
+    ids, n = replicas["replica_id"], replicas["object_index"].size
+    err, at = _check_replicas(replicas["object_index"], replica_count, size_bytes, ids, replicas["offset"],
+                              replicas["size"], replicas["kind"], replicas["status"], segment, segment_rows,
+                              capacity, unit_bits, np.uint64(next_id))
+    if err:
+        field, what = _REPLICA_ERRORS[err]
+        value = (None if at >= n else segment_names[int(segment[at])] if field == "segment"
+                 else replicas[field][at].item())
+        raise SnapshotFieldError("replicas", field, at if at < n else None,
+                                 f"{value!r}: {what.format(n=replica_count.size, next_id=next_id)}")
+    dup = _first_duplicate(ids, next_id)
+    if dup >= 0:
+        raise SnapshotFieldError("replicas", "replica_id", dup, f"{int(ids[dup])} is used twice")
 
 
 def _check_range(table: str, field: str, values: np.ndarray, lo: int, hi: int, unit: str = "") -> None:

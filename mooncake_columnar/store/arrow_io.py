@@ -4,9 +4,10 @@ Export is two steps so that a snapshot holds the master's lock only for memcpy-s
 :func:`freeze` copies the raw columns of rows [0, high_water) (and the small dictionaries) under
 the lock; :func:`frozen_state` builds the tables from the copies afterwards, in the *encoded*
 layout (name columns are the engine's codes plus its string dictionary; keys come straight out of
-the arena), so no step does per-row string work. Loading fills rows from the tables with slice
-writes (an empty engine) and builds the key index in bulk. Both directions are vectorized: loops
-over segments, dictionaries and groups only (few), never per object in Python.
+the arena), so no step does per-row string work. Loading turns the tables into the store's
+columns and inserts them (``MetadataStore.insert_objects``, as standby apply does: slice writes
+into an empty engine, the key index built in bulk). Both directions are vectorized: loops over
+segments, dictionaries and groups only (few), never per object in Python.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from ..errors import SnapshotExtentError, SnapshotIntegrityError
+from ..errors import SnapshotExtentError
 from ..kernels import arena as arena_k
 from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
@@ -25,7 +26,6 @@ from ..kernels import index_load
 from ..kernels import objects as ok
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
-    EMPTY_CODE,
     FLAG_GROUPED,
     FLAG_HARD_PINNED,
     FLAG_LIVE,
@@ -37,6 +37,7 @@ from ..schema import (
     REPLICAS_PAYLOAD_SCHEMA,
     ST_EMPTY,
 )
+from .inserts import NewObjects
 from .objects import put_start_ms
 from .segments import Segment, segments_table
 
@@ -295,153 +296,40 @@ def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable
     _rebuild_allocators(m)
 
 
-def _engine_codes(column: pa.ChunkedArray, dictionary) -> np.ndarray:
-    """A name column as ``dictionary``'s codes (interning new names): a small lookup table over
-    the column's dictionary, gathered by its indices; no gather when the codes already agree."""
-    from ..snapshots.state import name_codes
-    codes, names = name_codes(column)
-    lut = np.array([dictionary.code(v) for v in names], np.int32)
-    return codes if np.array_equal(lut, np.arange(lut.size)) else lut[codes]
-
-
-def _new_rows(o, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
-    """(rows, selector) for ``n`` new objects. An empty table takes rows 0..n-1 and its columns
-    are written by slice below (take_rows' per-row clear would scatter through a row index)."""
-    if o.high_water == 0 and o.free_count == 0:
-        o.reserve(n)
-        o.high_water = o.live_count = n
-        rows = np.arange(n, dtype=np.int64)
-        for name, fill in (("group", EMPTY_CODE), ("inflight", EMPTY_CODE), ("replica_refcnt", 0)):
-            getattr(o, name)[:n] = fill  # the other columns are written by the loader
-        o.group_next[:n] = rows
-        return rows, slice(0, n)
-    rows = o.take_rows(n)
-    return rows, rows
-
-
 def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table) -> np.ndarray:
-    """Add objects whose (tenant, key) are new (else SnapshotIntegrityError, nothing indexed
-    twice); replica segments must be mounted. Returns the new rows in table order."""
-    o = m.objects
+    """Add the objects of a state's tables (:meth:`MetadataStore.insert_objects`: their (tenant,
+    key) must be new, replica segments mounted). Returns the new rows in table order."""
+    from ..snapshots.state import name_codes
+    from .keys import as_string_array, string_buffers
     n = objects.num_rows
-    rows, sel = _new_rows(o, n)
-    o.tenant[sel] = _engine_codes(objects.column("tenant"), m.tenants)
-    o.client[sel] = _engine_codes(objects.column("client"), m.clients)
-    for name in ("size_bytes", "data_type", "lease_deadline_ns", "soft_pin_deadline_ns"):
-        getattr(o, name)[sel] = objects.column(name).to_numpy()
-    flags = o.flags[sel] if isinstance(sel, slice) else np.empty(n, np.uint8)
-    flags[:] = FLAG_LIVE
+    # name columns as the store's codes: a lookup over each column's dictionary, no per-row string work
+    tenant = m.tenants.codes(*name_codes(objects.column("tenant")))
+    client = m.clients.codes(*name_codes(objects.column("client")))
+    flags = np.full(n, FLAG_LIVE, np.uint8)
     for name, bit in (("hard_pinned", FLAG_HARD_PINNED), ("soft_pin_enabled", FLAG_SOFT_PIN_ENABLED),
                       ("processing", FLAG_PROCESSING)):
         column = objects.column(name)
         bools = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         if n:  # straight from the Arrow bitmap: no byte-per-row mask
             _or_flag(flags, np.frombuffer(bools.buffers()[1], np.uint8), bools.offset, bit)
-    if not isinstance(sel, slice):
-        o.flags[sel] = flags
-    put_start = objects.column("put_start_time_ms").to_numpy()
-    o.set_put_start(rows, put_start)
-    processing = np.flatnonzero(flags & FLAG_PROCESSING)
-    if processing.size:
-        slots = m.inflight.take(rows[processing])
-        o.inflight[rows[processing]] = slots
-        m.inflight.started(slots, put_start[processing])
-    _load_keys(m, rows, objects.column("key"))
-    _link_groups(m, rows, objects)
-    _load_replicas(m, rows, replicas, fresh=isinstance(sel, slice))
-    return rows
-
-
-def _load_keys(m: "MetadataStore", rows: np.ndarray, keys: pa.ChunkedArray) -> None:
-    """Copy the key bytes into the arena and index every row (the index is the (tenant, key)
-    uniqueness check of a loaded state)."""
-    from .keys import as_string_array, string_buffers
-    o = m.objects
+    keys = objects.column("key")
     offsets, data = string_buffers(as_string_array(keys.chunk(0) if keys.num_chunks == 1 else keys))
-    n = rows.size
-    nbytes = int(offsets[-1] - offsets[0])
-    m.keys.reserve(n, nbytes)
-    start = m.keys.arena_used
-    m.keys.arena[start:start + nbytes] = data[offsets[0]:offsets[-1]]
-    if not index_load.set_key_refs(o.key_ref, rows, offsets, start - int(offsets[0])):
-        raise SnapshotIntegrityError(f"objects: a key is longer than {(1 << hk.KEY_LENGTH_BITS) - 1} bytes")
-    dup = index_load.bulk_insert_unique(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
-    if dup >= 0:
-        raise SnapshotIntegrityError(f"objects: duplicate (tenant, key) ({m.tenants.name(int(o.tenant[rows[dup]]))}, "
-                                     f"{keys[dup]})")
-    m.keys.note_inserted(n, start + nbytes)
+    kind = replicas.column("kind").to_numpy()
 
+    def values(table: pa.Table, name: str) -> np.ndarray:
+        return table.column(name).to_numpy()
 
-def _link_groups(m: "MetadataStore", rows: np.ndarray, objects: pa.Table) -> None:
-    """One group code per (tenant, group) pair; members linked by a kernel."""
-    from ..snapshots.state import name_codes
-    codes, names = name_codes(objects.column("group"))
-    named = np.array([name != "" for name in names] + [False])
-    grouped = np.flatnonzero(named[codes]) if codes.size else codes[:0]
-    if not grouped.size:
-        return
-    o = m.objects
-    tenant = o.tenant[rows[grouped]].astype(np.int64)
-    pairs, inverse = np.unique(tenant * len(names) + codes[grouped], return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[order], np.arange(pairs.size + 1))
-    for i, pair in enumerate(pairs.tolist()):  # one iteration per group
-        members = rows[grouped[order[bounds[i]:bounds[i + 1]]]]
-        gcode = m.group_code(m.tenants.name(pair // len(names)), names[pair % len(names)])
-        ok.link_group_members(members, gcode, m.group_head, o.group_next, o.group, o.flags)
-
-
-def _load_replicas(m: "MetadataStore", rows: np.ndarray, replicas: pa.Table, *, fresh: bool) -> None:
-    """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
-    o = m.objects
-    oi = replicas.column("object_index").to_numpy()
-    if oi.size and (oi[1:] > oi[:-1]).all():
-        slot = None  # the usual case: one replica per object, in object order
-    else:
-        order = np.argsort(oi, kind="stable")
-        oi_sorted = oi[order]
-        first = np.searchsorted(oi_sorted, oi_sorted, side="left")
-        slot = np.empty_like(oi)
-        slot[order] = np.arange(oi.size) - first
-    counts = None if slot is None else np.bincount(oi, minlength=rows.size)
-    # the slot columns widen to the commonly used counts only; wider objects get continuation rows
-    o.ensure_slots(1 if counts is None else int(counts[counts <= o.hot_slots_max].max(initial=1)))
-    if slot is None and fresh and oi.size == rows.size and o.slots == 1:
-        target = (slice(0, oi.size), 0)  # object i's only replica fills row i's only slot
-    else:
-        if fresh:  # slots no replica fills are empty
-            for name, fill in (("replica_status", ST_EMPTY), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
-                               ("replica_offset", 0), ("replica_id", 0)):
-                getattr(o, name)[:rows.size] = fill
-        target = (rows[oi], 0 if slot is None else slot)
-        if slot is not None and int(slot.max(initial=0)) >= o.slots:
-            target = _chained_target(o, rows, oi, slot)
-    from ..snapshots.state import name_codes
-    codes, names = name_codes(replicas.column("segment"))
-    lut = np.array([m.segments.code(s) for s in names] + [EMPTY_CODE], np.int32)
-    disk = replicas.column("kind").to_numpy() == KIND_LOCAL_DISK
-    if disk.any():  # a LOCAL_DISK replica's "segment" names its owner client
-        owners = np.array([m.clients.code(s) if s else EMPTY_CODE for s in names] + [EMPTY_CODE], np.int32)
-        o.replica_segment[target] = np.where(disk, owners[codes], lut[codes])
-    elif isinstance(target[0], slice):  # straight into the engine column, no temporary
-        np.take(lut, codes, out=o.replica_segment[target])
-    else:
-        o.replica_segment[target] = lut[codes]
-    for name, column in (("replica_kind", "kind"), ("replica_status", "status"),
-                         ("replica_offset", "offset"), ("replica_id", "replica_id")):
-        getattr(o, name)[target] = replicas.column(column).to_numpy()
-
-
-def _chained_target(o, rows: np.ndarray, oi: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row, slot) of each replica when some object has more than the row's slots: the others
-    go to new continuation rows of its chain, in rank order."""
-    target_rows, target_slots = rows[oi], slot.copy()
-    extra = np.flatnonzero(slot >= o.slots)
-    extra = extra[np.lexsort((slot[extra], oi[extra]))]
-    objects, counts = np.unique(oi[extra], return_counts=True)
-    at, at_slot = o.extra_slots(rows[objects], counts)
-    target_rows[extra], target_slots[extra] = at, at_slot
-    return target_rows, target_slots
+    return m.insert_objects(NewObjects(
+        tenant=tenant, key_offsets=offsets, key_data=data, client=client,
+        group=m.group_codes(tenant, *name_codes(objects.column("group"))),
+        size_bytes=values(objects, "size_bytes"), data_type=values(objects, "data_type"), flags=flags,
+        lease_deadline_ns=values(objects, "lease_deadline_ns"),
+        soft_pin_deadline_ns=values(objects, "soft_pin_deadline_ns"),
+        put_start_ms=values(objects, "put_start_time_ms"),
+        replica_object=values(replicas, "object_index"),
+        replica_segment=m.replica_locations(kind, *name_codes(replicas.column("segment"))),
+        replica_kind=kind, replica_status=values(replicas, "status"), replica_offset=values(replicas, "offset"),
+        replica_id=values(replicas, "replica_id")))
 
 
 def _rebuild_allocators(m: "MetadataStore") -> None:

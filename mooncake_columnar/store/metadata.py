@@ -14,9 +14,11 @@ from ..errors import EngineInvariantError
 from ..kernels import allocation as ak
 from ..kernels import objects as ok
 from ..kernels.erase_guard import first_not_erasable
-from ..schema import FLAG_GROUPED, KIND_MEMORY, ST_EMPTY, ST_PROCESSING, ReplicaKind, ReplicaStatus
+from ..schema import (EMPTY_CODE, FLAG_GROUPED, KIND_LOCAL_DISK, KIND_MEMORY, ST_EMPTY, ST_PROCESSING, ReplicaKind,
+                      ReplicaStatus)
 from ..validation import _require_str
 from .discarded import DiscardedExtents
+from .inserts import NewObjects, insert_objects
 from .inflight import InflightTable
 from .keys import KeyIndex
 from .ledger import TenantLedger
@@ -79,6 +81,30 @@ class MetadataStore:
             self.group_head = grown
         return code
 
+    def group_codes(self, tenant: np.ndarray, group: np.ndarray, names: list[str]) -> np.ndarray:
+        """The group code (:meth:`group_code`, -1 for "": ungrouped) of each object of tenant code
+        ``tenant`` in group ``names[group]``; one call per distinct (tenant, group)."""
+        out = np.full(group.size, -1, np.int64)
+        named = np.array([name != "" for name in names] + [False])
+        grouped = np.flatnonzero(named[group]) if group.size else group[:0]
+        if grouped.size:
+            pairs, inverse = np.unique(tenant[grouped].astype(np.int64) * len(names) + group[grouped],
+                                       return_inverse=True)
+            codes = [self.group_code(self.tenants.name(pair // len(names)), names[pair % len(names)])
+                     for pair in pairs.tolist()]  # one per group
+            out[grouped] = np.array(codes, np.int64)[inverse]
+        return out
+
+    def replica_locations(self, kind: np.ndarray, codes: np.ndarray, names: list[str]) -> np.ndarray:
+        """The replica_segment column of replicas of ``kind`` named ``names[codes]``: the segment's
+        code (-1: not mounted), a LOCAL_DISK replica's owner client's code (interned; "": none)."""
+        segments = np.array([self.segments.code(s) for s in names] + [EMPTY_CODE], np.int32)
+        disk = kind == KIND_LOCAL_DISK
+        if not disk.any():
+            return segments[codes]
+        owners = np.array([self.clients.code(s) if s else EMPTY_CODE for s in names] + [EMPTY_CODE], np.int32)
+        return np.where(disk, owners[codes], segments[codes])
+
     def group_name(self, row: int) -> str:
         """The group name of the object at ``row`` ("" when ungrouped)."""
         o = self.objects
@@ -91,6 +117,11 @@ class MetadataStore:
             self.ledger.charge(self.objects, rows, sign)
 
     # ---- allocation ---------------------------------------------------------------------------
+    def insert_objects(self, new: NewObjects) -> np.ndarray:
+        """Add whole objects (a restore's, standby apply's): see :func:`.inserts.insert_objects`.
+        Returns their rows."""
+        return insert_objects(self, new)
+
     def insert_puts(self, picks: np.ndarray, offsets: np.ndarray, data: np.ndarray, tenant: int,
                     sizes: np.ndarray, width: int, preferred: np.ndarray, codes: np.ndarray,
                     rows_out: np.ndarray) -> np.ndarray:

@@ -24,6 +24,12 @@ class StringDictionary:
             self._names.append(name)
         return c
 
+    def codes(self, codes: np.ndarray, names: list[str]) -> np.ndarray:
+        """The codes of the names ``names[codes]`` (interning new ones): a lookup table over the
+        few distinct names, gathered; ``codes`` itself when the two agree."""
+        lut = np.array([self.code(v) for v in names], np.int32)
+        return codes if np.array_equal(lut, np.arange(lut.size)) else lut[codes]
+
     def find(self, name: str) -> int:
         """The code of ``name`` or -1 if it was never interned."""
         return self._codes.get(name, -1)

@@ -1,0 +1,155 @@
+"""Inserting whole objects, given as columns: what a restore and standby apply add to a store.
+
+Both hand over :class:`NewObjects` (names already the store's codes). Rows of an empty store are
+filled with slice writes; keys are copied into the arena and indexed in bulk (the index is the
+(tenant, key) uniqueness check); groups are linked; replicas go to slots, and continuation rows
+for objects wider than a row. Vectorized: loops over groups only, never per object in Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import SnapshotIntegrityError
+from ..kernels import hashing as hk
+from ..kernels import index_load
+from ..kernels import objects as ok
+from ..schema import EMPTY_CODE, FLAG_PROCESSING, ST_EMPTY
+
+if TYPE_CHECKING:
+    from .metadata import MetadataStore
+    from .objects import ObjectTable
+
+
+@dataclass(frozen=True)
+class NewObjects:
+    """Objects to insert, one row each, and their replicas, one row each."""
+
+    tenant: np.ndarray              # int32 tenant codes
+    key_offsets: np.ndarray         # int64, objects + 1 (from any base) into key_data
+    key_data: np.ndarray            # uint8 UTF-8
+    client: np.ndarray              # int32 client codes
+    group: np.ndarray               # int64 group codes (MetadataStore.group_codes), -1: ungrouped
+    size_bytes: np.ndarray          # int64
+    data_type: np.ndarray           # uint8
+    flags: np.ndarray               # uint8: FLAG_LIVE and the pin and processing bits
+    lease_deadline_ns: np.ndarray   # int64
+    soft_pin_deadline_ns: np.ndarray  # int64
+    put_start_ms: np.ndarray        # int64 system ms, 0: unknown
+    replica_object: np.ndarray      # int64: each replica's object, an index into the rows above
+    replica_segment: np.ndarray     # int32 segment code (a LOCAL_DISK replica: its owner client's)
+    replica_kind: np.ndarray        # uint8
+    replica_status: np.ndarray      # uint8
+    replica_offset: np.ndarray      # int64
+    replica_id: np.ndarray          # uint64
+
+
+def insert_objects(m: MetadataStore, new: NewObjects) -> np.ndarray:
+    """Add objects whose (tenant, key) are new (else SnapshotIntegrityError, nothing indexed
+    twice); memory replicas' segments must be mounted, their extents are not allocated here
+    (the caller installs the free lists). Returns the new rows in order."""
+    o = m.objects
+    rows, sel = _new_rows(o, new.size_bytes.size)
+    for name in ("tenant", "client", "size_bytes", "data_type", "flags", "lease_deadline_ns",
+                 "soft_pin_deadline_ns"):
+        getattr(o, name)[sel] = getattr(new, name)
+    o.set_put_start(rows, new.put_start_ms)
+    processing = np.flatnonzero(new.flags & FLAG_PROCESSING)
+    if processing.size:
+        slots = m.inflight.take(rows[processing])
+        o.inflight[rows[processing]] = slots
+        m.inflight.started(slots, new.put_start_ms[processing])
+    _insert_keys(m, rows, new.key_offsets, new.key_data)
+    _link_groups(m, rows, new.group)
+    _place_replicas(o, rows, new, fresh=isinstance(sel, slice))
+    return rows
+
+
+def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
+    """(rows, selector) for ``n`` new objects. An empty table takes rows 0..n-1 and its columns
+    are written by slice (take_rows' per-row clear would scatter through a row index)."""
+    if o.high_water == 0 and o.free_count == 0:
+        o.reserve(n)
+        o.high_water = o.live_count = n
+        rows = np.arange(n, dtype=np.int64)
+        for name, fill in (("group", EMPTY_CODE), ("inflight", EMPTY_CODE), ("replica_refcnt", 0)):
+            getattr(o, name)[:n] = fill  # the other columns are written by insert_objects
+        o.group_next[:n] = rows
+        return rows, slice(0, n)
+    rows = o.take_rows(n)
+    return rows, rows
+
+
+def _insert_keys(m: MetadataStore, rows: np.ndarray, offsets: np.ndarray, data: np.ndarray) -> None:
+    """Copy the key bytes into the arena and index every row."""
+    o = m.objects
+    n = rows.size
+    nbytes = int(offsets[-1] - offsets[0])
+    m.keys.reserve(n, nbytes)
+    start = m.keys.arena_used
+    m.keys.arena[start:start + nbytes] = data[offsets[0]:offsets[-1]]
+    if not index_load.set_key_refs(o.key_ref, rows, offsets, start - int(offsets[0])):
+        raise SnapshotIntegrityError(f"objects: a key is longer than {(1 << hk.KEY_LENGTH_BITS) - 1} bytes")
+    dup = index_load.bulk_insert_unique(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
+    if dup >= 0:
+        key = bytes(data[offsets[dup]:offsets[dup + 1]]).decode("utf-8", "replace")
+        raise SnapshotIntegrityError(f"objects: duplicate (tenant, key) ({m.tenants.name(int(o.tenant[rows[dup]]))}, "
+                                     f"{key})")
+    m.keys.note_inserted(n, start + nbytes)
+
+
+def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
+    """Link the grouped rows into their groups' member lists (a kernel per group)."""
+    grouped = np.flatnonzero(group >= 0)
+    if not grouped.size:
+        return
+    o = m.objects
+    codes, inverse = np.unique(group[grouped], return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(codes.size + 1))
+    for i, code in enumerate(codes.tolist()):  # one iteration per group
+        ok.link_group_members(rows[grouped[order[bounds[i]:bounds[i + 1]]]], code, m.group_head, o.group_next,
+                              o.group, o.flags)
+
+
+def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, *, fresh: bool) -> None:
+    """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
+    oi = new.replica_object
+    if oi.size and (oi[1:] > oi[:-1]).all():
+        slot = None  # the usual case: one replica per object, in object order
+    else:
+        order = np.argsort(oi, kind="stable")
+        oi_sorted = oi[order]
+        first = np.searchsorted(oi_sorted, oi_sorted, side="left")
+        slot = np.empty_like(oi)
+        slot[order] = np.arange(oi.size) - first
+    counts = None if slot is None else np.bincount(oi, minlength=rows.size)
+    # the slot columns widen to the commonly used counts only; wider objects get continuation rows
+    o.ensure_slots(1 if counts is None else int(counts[counts <= o.hot_slots_max].max(initial=1)))
+    if slot is None and fresh and oi.size == rows.size and o.slots == 1:
+        target: tuple = (slice(0, oi.size), 0)  # object i's only replica fills row i's only slot
+    else:
+        if fresh:  # slots no replica fills are empty
+            for name, fill in (("replica_status", ST_EMPTY), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
+                               ("replica_offset", 0), ("replica_id", 0)):
+                getattr(o, name)[:rows.size] = fill
+        target = (rows[oi], 0 if slot is None else slot)
+        if slot is not None and int(slot.max(initial=0)) >= o.slots:
+            target = _chained_target(o, rows, oi, slot)
+    for name in ("replica_segment", "replica_kind", "replica_status", "replica_offset", "replica_id"):
+        getattr(o, name)[target] = getattr(new, name)
+
+
+def _chained_target(o: ObjectTable, rows: np.ndarray, oi: np.ndarray,
+                    slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, slot) of each replica when some object has more than the row's slots: the others
+    go to new continuation rows of its chain, in rank order."""
+    target_rows, target_slots = rows[oi], slot.copy()
+    extra = np.flatnonzero(slot >= o.slots)
+    extra = extra[np.lexsort((slot[extra], oi[extra]))]
+    objects, counts = np.unique(oi[extra], return_counts=True)
+    at, at_slot = o.extra_slots(rows[objects], counts)
+    target_rows[extra], target_slots[extra] = at, at_slot
+    return target_rows, target_slots
