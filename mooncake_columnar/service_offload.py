@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from .clock import NS_PER_MS
 from .errors import ErrorCode, error_for_code
+from .kernels.predicates import readable_replica_mask
 from .messages import DEFAULT_TENANT
 from .schema import ReplicaKind
 from .validation import _COMPLETE, _locked, _single_key
@@ -25,8 +26,9 @@ class OffloadMixin:
         """Upstream try_evict_or_offload: objects without a LOCAL_DISK copy queue an offload of
         their first evictable memory replica (pinned by refcnt) instead of losing it."""
         o, chains = self.objects, plan.chains
-        has_disk = chains.any(o.replica_kind[chains.rows] == int(ReplicaKind.LOCAL_DISK)) & \
-            chains.any(o.replica_status[chains.rows] == _COMPLETE)
+        kind, rows = o.replica_kind[chains.rows], chains.rows  # a readable LOCAL_DISK replica: COMPLETE
+        has_disk = chains.any((kind == int(ReplicaKind.LOCAL_DISK)) & readable_replica_mask(
+            o.replica_status[rows], kind, o.replica_segment[rows], self.segments.readable))
         needs = np.flatnonzero(~has_disk & chains.any(plan.removed))
         room = max(0, min(self.offloads.cycle_cap, self.offloads.limit - len(self.offloads)))
         queue_now, overflow = needs[:room], needs[room:]

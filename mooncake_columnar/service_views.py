@@ -11,6 +11,7 @@ from .clock import Clocks
 from .config import MasterConfig
 from .errors import ErrorCode
 from .kernels import objects as ok
+from .kernels import predicates as pk
 from .messages import DEFAULT_TENANT, ObjectInfo, ReplicaDescriptor, SegmentInfo
 from .schema import (
     FLAG_GROUPED,
@@ -121,8 +122,7 @@ class ViewsMixin:
         ``segment_used_bytes`` and ``segment_held_bytes`` (label ``segment``)."""
         s, o = self.segments, self.objects
         hw = o.high_water
-        memory = ((o.replica_status[:hw] != 0) & (o.replica_kind[:hw] == int(KIND_MEMORY))
-                  & (o.replica_segment[:hw] >= 0))
+        memory = pk.memory_replica_mask(o.replica_status[:hw], o.replica_kind[:hw], o.replica_segment[:hw])
         r, j = np.nonzero(memory)
         n = len(s.info)
         used = (np.bincount(o.replica_segment[r, j], weights=o.size_bytes[r], minlength=n)
@@ -170,7 +170,7 @@ class ViewsMixin:
                                                  self.clients.name(code), 0, int(o.size_bytes[row]),
                                                  st == _COMPLETE))
                 continue
-            readable = st == _COMPLETE and code >= 0 and bool(readable_mask[code])
+            readable = bool(pk.readable_replica(st, kind, code, readable_mask))
             if readable_only and not readable:
                 continue
             seg = self.segments.info[code]

@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit
 
 from ..kernels import allocation as ak
+from ..kernels.predicates import memory_replica_on_mask
 
 from .report import _INT64_MAX, _MEM, _fail, _row_name, _seg_name
 
@@ -371,7 +372,7 @@ def _rows_at(m: "MasterService", code: int, at: int) -> np.ndarray:
     hw = o.high_water
     seg, off = o.replica_segment[:hw], o.replica_offset[:hw]
     end = off + o.size_bytes[:hw, None]
-    on = (o.replica_status[:hw] != 0) & (o.replica_kind[:hw] == _MEM) & (seg == code)
+    on = memory_replica_on_mask(o.replica_status[:hw], o.replica_kind[:hw], seg, code)
     hit = on & (off <= at) & (end > at)
     if not hit.any():  # the extent starting there may cover only its rounded-up unit
         hit = on & (off <= at) & (ak.held_end(off, np.broadcast_to(o.size_bytes[:hw, None], off.shape),

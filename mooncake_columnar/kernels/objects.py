@@ -15,8 +15,8 @@ from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
 from .leases import commit_soft_pin, grant_read_lease, grant_until
 from .rowbits import bit, has_bit, words_for
-from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_put_in_flight,
-                         is_readable_replica, lease_expired, slot_in_use, slot_is_complete,
+from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_memory_replica_on, is_put_in_flight,
+                         is_readable_replica, memory_replica_segment, lease_expired, slot_in_use, slot_is_complete,
                          slot_is_processing, slot_is_removed)
 
 _BLOCK = 32
@@ -397,7 +397,7 @@ def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind, m
             for j in range(rep_status.shape[1]):
                 if not slot_in_use(rep_status[rr, j]):
                     continue
-                if rep_kind[rr, j] == _MEM and rep_seg[rr, j] == code:
+                if memory_replica_segment(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j]) == code:
                     rep_status[rr, j] = 0
                     rep_seg[rr, j] = -1
                     touched = True
@@ -422,23 +422,10 @@ def readable_mask(rows, slots, rep_status, rep_kind, rep_seg, seg_readable):
 
 
 @njit(inline="always", cache=True)
-def _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-    # one test per `if`: Numba compiles `and`/`or` chains several times slower in hot loops
-    if not slot_in_use(rep_status[r, j]):
-        return False
-    if rep_kind[r, j] != _MEM:
-        return False
-    s = rep_seg[r, j]
-    if s < 0:
-        return False
-    return on_segment[s]
-
-
-@njit(inline="always", cache=True)
 def _any_on_segments(r, on_segment, rep_status, rep_kind, rep_seg, more):
     while r >= 0:
         for j in range(rep_status.shape[1]):
-            if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+            if is_memory_replica_on(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], on_segment):
                 return True
         r = next_row(more, r)
     return False
@@ -486,7 +473,7 @@ def segment_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_
                     r = (w << 6) + b
                     while r >= 0:
                         for j in range(rep_status.shape[1]):
-                            if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+                            if is_memory_replica_on(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], on_segment):
                                 segs[k] = rep_seg[r, j]
                                 offs[k] = rep_off[r, j]
                                 lens[k] = sizes[r]

@@ -34,6 +34,7 @@ from ..errors import (
     SnapshotFieldError,
     SnapshotIntegrityError,
 )
+from ..kernels.predicates import lease_expired_mask
 from ..schema import ST_COMPLETE
 from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, optional_payloads, state_payloads
 from .convert import convert_steady_deadlines
@@ -145,7 +146,7 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
         lease = objects.column("lease_deadline_ns").to_numpy()
         soft = objects.column("soft_pin_deadline_ns").to_numpy()
         hard = objects.column("hard_pinned").to_numpy(zero_copy_only=False)
-        expired = (lease <= now_ns) & (soft <= now_ns)  # upstream: expired when now >= deadline
+        expired = lease_expired_mask(lease, now_ns) & lease_expired_mask(soft, now_ns)
         keep &= hard | ~expired
     if all_complete and keep.all():
         if not pc.any(objects.column("processing")).as_py():

@@ -23,6 +23,7 @@ from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
 from ..kernels import index_load
 from ..kernels import objects as ok
+from ..kernels.predicates import memory_on_segment_mask, memory_replica_mask
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
     EMPTY_CODE,
@@ -239,7 +240,7 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     all_memory = bool((kind == KIND_MEMORY).all()) and (not seg.size or seg.min() >= 0)
     if not all_memory:  # a LOCAL_DISK replica's "segment" is its owner client; others ""
         owner = np.where((kind == KIND_LOCAL_DISK) & (seg >= 0), len(seg_names) + seg, -1)
-        seg = np.where((kind == KIND_MEMORY) & (seg >= 0), seg, owner)
+        seg = np.where(memory_on_segment_mask(kind, seg), seg, owner)
         seg_names = seg_names + f.clients
     seg_code = seg
     if src is None:
@@ -269,7 +270,7 @@ def _used_bytes(kind: np.ndarray, seg: np.ndarray, size: np.ndarray, n_codes: in
     (its allocator's cur_size sums the buffers' sizes; a replica whose removal awaits durability
     still holds its buffer). The engine's own ``SegmentTable.used`` counts whole allocation
     units instead (above 3.75 GiB a unit is more than a byte)."""
-    memory = (kind == KIND_MEMORY) & (seg >= 0)
+    memory = memory_on_segment_mask(kind, seg)
     # float sums are exact here: one segment's bytes stay far below 2**53
     return np.bincount(seg[memory], weights=size[memory], minlength=n_codes).astype(np.int64)
 
@@ -451,7 +452,7 @@ def _rebuild_allocators(m: "MasterService") -> None:
     o = m.objects
     n = o.high_water
     seg, kind, status = o.replica_segment[:n], o.replica_kind[:n], o.replica_status[:n]
-    held = (kind == KIND_MEMORY) & (status != 0) & (seg >= 0)
+    held = memory_replica_mask(status, kind, seg)
     if o.slots == 1 and held.all():
         seg, offsets, sizes = seg[:, 0], o.replica_offset[:n, 0], o.size_bytes[:n]
     else:
