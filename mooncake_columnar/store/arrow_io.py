@@ -23,7 +23,7 @@ from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
 from ..kernels import index_load
 from ..kernels import objects as ok
-from ..kernels.predicates import memory_on_segment_mask, memory_replica_mask
+from ..kernels.predicates import memory_on_segment_mask
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
     EMPTY_CODE,
@@ -38,6 +38,7 @@ from ..schema import (
     REPLICAS_PAYLOAD_SCHEMA,
 )
 from .objects import put_start_ms
+from .rebuild import rebuild_all
 from .segments import Segment, segments_table
 
 if TYPE_CHECKING:
@@ -292,7 +293,7 @@ def load_tables(m: "MasterService", state: "SnapshotState", *, segments_readable
     rows = append_objects(m, state.objects, state.replicas)
     m.objects.set_checksums(rows[state.checksums.column("object_index").to_numpy()],
                             state.checksums.column("checksum").to_numpy())
-    _rebuild_allocators(m)
+    _rebuild_allocators(m, rows)
 
 
 def _engine_codes(column: pa.ChunkedArray, dictionary) -> np.ndarray:
@@ -444,33 +445,11 @@ def _chained_target(o, rows: np.ndarray, oi: np.ndarray, slot: np.ndarray) -> tu
     return target_rows, target_slots
 
 
-def _rebuild_allocators(m: "MasterService") -> None:
+def _rebuild_allocators(m: "MasterService", rows: np.ndarray) -> None:
     """Each segment's free space becomes the gaps between the loaded memory replicas' held extents
     (object size at the replica offset in whole allocation units, as the engine frees them); an
-    overlap, a shared allocation unit or an extent past capacity raises here. Reads the loaded
-    engine columns: views when each object has one slot."""
-    o = m.objects
-    n = o.high_water
-    seg, kind, status = o.replica_segment[:n], o.replica_kind[:n], o.replica_status[:n]
-    held = memory_replica_mask(status, kind, seg)
-    if o.slots == 1 and held.all():
-        seg, offsets, sizes = seg[:, 0], o.replica_offset[:n, 0], o.size_bytes[:n]
-    else:
-        r, j = np.nonzero(held)
-        seg, offsets, sizes = seg[r, j], o.replica_offset[r, j], o.size_bytes[r]
-    n_codes = len(m.segments.info)
-    capacity, unit_bits = m.segments.capacity[:n_codes], m.segments.unit_bits[:n_codes]
-    in_order, starts, lengths, gaps, used = index_load.gaps_in_offset_order(seg, offsets, sizes, capacity,
-                                                                            unit_bits)
-    if in_order:  # one streaming pass, no gathered extents
-        for code in range(n_codes):
-            m.segments.install_allocator(code, starts[gaps[code]:gaps[code + 1]],
-                                         lengths[gaps[code]:gaps[code + 1]], int(used[code]))
-        return
-    order, bounds = index_load.group_by_code(seg, n_codes)
-    for code in range(n_codes):
-        sel = order[bounds[code]:bounds[code + 1]]
-        try:
-            m.segments.rebuild_allocator(code, offsets[sel], sizes[sel])
-        except ValueError as e:  # the allocator kernel's refusal, typed for the loader's caller
-            raise SnapshotExtentError("replicas", "offset", None, f"segment {m.segments.info[code].name!r}: {e}") from e
+    overlap, a shared allocation unit or an extent past capacity raises here, typed."""
+    try:
+        rebuild_all(m.objects, m.segments, rows)
+    except ValueError as e:  # the rebuild's refusal, typed for the loader's caller
+        raise SnapshotExtentError("replicas", "offset", None, str(e)) from e
