@@ -153,7 +153,7 @@ def _free_sorted(segs, offsets, sizes, starts, lengths, counts, used, unit_bits,
 
 
 @njit(cache=True, nogil=True)
-def _by_segment(segs, offsets, sizes, n_segments):
+def by_segment(segs, offsets, sizes, n_segments):
     """Stable counting sort of extents by segment; also says whether the offsets then ascend
     within every segment (extents listed in row order usually do: rows are allocated in offset
     order by bulk loads and restores), in which case no comparison sort is needed."""
@@ -180,7 +180,7 @@ def _by_segment(segs, offsets, sizes, n_segments):
     return out_seg, out_off, out_len, ascending
 
 
-_by_segment_small = variant(_by_segment, "_small", nogil=False)
+_by_segment_small = variant(by_segment, "_small", nogil=False)
 _free_sorted_small = variant(_free_sorted, "_small", nogil=False)
 
 
@@ -193,7 +193,7 @@ def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, s
         return 0
     segs, offsets, sizes = (np.ascontiguousarray(a, np.int64) for a in (segs, offsets, sizes))
     small = segs.size < BATCH_MIN  # one remove: keep the GIL (see :mod:`.dispatch`)
-    by_seg, offs, lens, ascending = (_by_segment_small if small else _by_segment)(segs, offsets, sizes,
+    by_seg, offs, lens, ascending = (_by_segment_small if small else by_segment)(segs, offsets, sizes,
                                                                                   used.shape[0])
     if not ascending:
         order = order_by_segment_offset(segs, offsets)

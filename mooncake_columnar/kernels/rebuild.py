@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from ..schema import KIND_MEMORY
-from .allocation import held_end, order_by_segment_offset
+from .allocation import by_segment, held_end, order_by_segment_offset
 from .chains import next_row
 from .predicates import is_memory_replica_on
 from .rowbits import has_bit
@@ -102,25 +102,17 @@ def free_extents(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_k
     gap_len = np.empty(bound, np.int64)
     status, k = _stream(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off, more,
                         held, last, gap_seg, gap_start, gap_len, fault)
-    lo = np.zeros(n_seg + 1, np.int64)
     used = np.zeros(n_seg, np.int64)
     if status != OK:
-        return status, fault, gap_start[:0], gap_len[:0], lo, lo[:-1], used
+        return status, fault, gap_start[:0], gap_len[:0], used, used, used
     for c in range(n_seg):
         if on_segment[c] and held[c] < capacity[c]:
             gap_seg[k], gap_start[k], gap_len[k] = c, held[c], capacity[c] - held[c]
             k += 1
-    for i in range(k):  # group by segment, in order within each (a counting sort)
-        lo[gap_seg[i] + 1] += 1
-    for c in range(n_seg):
-        lo[c + 1] += lo[c]
-    hi = lo[:-1].copy()
-    starts = np.empty(k, np.int64)
-    lengths = np.empty(k, np.int64)
-    for i in range(k):
-        c = gap_seg[i]
-        starts[hi[c]], lengths[hi[c]] = gap_start[i], gap_len[i]
-        hi[c] += 1
+    # grouped by segment, in order within each
+    by_seg, starts, lengths, _ = by_segment(gap_seg[:k], gap_start[:k], gap_len[:k], n_seg)
+    bounds = np.searchsorted(by_seg, np.arange(n_seg + 1))
+    lo, hi = bounds[:-1], bounds[1:]
     for c in range(n_seg):
         if on_segment[c]:  # held extents and gaps partition the segment
             used[c] = capacity[c] - lengths[lo[c]:hi[c]].sum()
