@@ -15,14 +15,18 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/mooncake-columnar demo
 
+# The second run executes the kernel tests as plain Python (NUMBA_DISABLE_JIT=1), so the kernels
+# stay debuggable and coverable without the JIT; their uint64 hashes wrap on purpose, hence the
+# silenced NumPy overflow warnings.
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
+	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -m kernels -W "ignore:overflow encountered:RuntimeWarning"
 
 soak: $(VENV)/.installed  # the default run soaks for 20 s; this one for 10 minutes
-	MOONCAKE_SOAK_SECONDS=600 $(BIN)/python -m pytest tests/test_engine_soak.py
+	MOONCAKE_SOAK_SECONDS=600 $(BIN)/python -m pytest tests/core/test_soak.py
 
 fuzz: $(VENV)/.installed  # the default run fuzzes 200 cases per format; this one 1000 (prints the table)
-	MOONCAKE_FUZZ_CASES=$${MOONCAKE_FUZZ_CASES:-1000} $(BIN)/python -m pytest -s -rxX tests/test_fuzz_formats.py
+	MOONCAKE_FUZZ_CASES=$${MOONCAKE_FUZZ_CASES:-1000} $(BIN)/python -m pytest -s -rxX tests/snapshots/test_fuzz_formats.py
 
 bench: $(VENV)/.installed
 	$(BIN)/asv machine --yes

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Callable
 
-from mooncake_columnar.bench import build_master
+from mooncake_columnar.tools.synthetic import build_master
 from mooncake_columnar.master import MasterService
 
 OBJECTS_ENV = "MOONCAKE_ASV_OBJECTS"

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from mooncake_columnar.bench import (DictStore, MasterStore, build_master, mixed_keys, mixed_ops_per_s,
-                                     reader_wait_figures)
 from mooncake_columnar.master import MasterService
-from mooncake_columnar.synthetic import synthetic_keys
+from mooncake_columnar.tools.bench import (DictStore, MasterStore, mixed_keys, mixed_ops_per_s,
+                                           reader_wait_figures)
+from mooncake_columnar.tools.synthetic import build_master, synthetic_keys
 
 from ._common import OBJECT_COUNTS, SEED, SEGMENTS, TIMEOUT_S, best_seconds, cached_master
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mooncake_columnar.bench import build_master
+from mooncake_columnar.tools.synthetic import build_master
 from mooncake_columnar.clock import ManualClocks
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.snapshots.state import SnapshotState

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from mooncake_columnar.bench import build_master
 from mooncake_columnar.clock import MonotonicClocks
 from mooncake_columnar.ha.standby import promoted_master
 from mooncake_columnar.master import MasterService
-from mooncake_columnar.recovery import RemountReport
-from mooncake_columnar.synthetic import segment_request
+from mooncake_columnar.policies.recovery import RemountReport
+from mooncake_columnar.tools.synthetic import build_master, segment_request
 
 from ._common import FreshMasterBenchmark, best_seconds
 

@@ -27,7 +27,7 @@ from mooncake_columnar.ha.stores import FileOpLogStore
 from mooncake_columnar.ha.writer import OpLogWriter
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.schema import ObjectDataType, ReplicaKind, ReplicaStatus
-from mooncake_columnar.synthetic import synthetic_keys
+from mooncake_columnar.tools.synthetic import synthetic_keys
 
 from ._common import ENTRY_COUNTS, SEGMENTS, TIMEOUT_S, best_seconds
 

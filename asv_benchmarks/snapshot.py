@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mooncake_columnar.bench import build_master
+from mooncake_columnar.tools.synthetic import build_master
 from mooncake_columnar.clock import ManualClocks
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.snapshots.arrow_codec import (

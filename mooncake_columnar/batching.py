@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
-from .kernels import objects as ok
 from .locking import MasterLock
 from .messages import BatchResult
-from .service_views import ReplicaColumns, replica_table
+from .policies.views import ReplicaColumns, replica_table
 from .store.growth import StagedGrowth
 
 if TYPE_CHECKING:
@@ -79,7 +78,7 @@ def grow_ahead(m: "MasterService", rows: int, key_bytes: int) -> None:
     room (column growth, index rehash, arena growth or compaction, in-flight slots) in steps taken in lock
     turns of their own, readers going between them, not inside the chunk's one turn; a
     mutating call in between finishes the steps first (store/growth.py)."""
-    lock = m._lock
+    lock = m.lock
     lock.take()  # (finishes a growth another batch left pending)
     try:
         jobs = m.objects.growth_jobs(rows) + m.keys.growth_jobs(rows, key_bytes) + m.inflight.growth_jobs(rows)
@@ -138,24 +137,19 @@ def read_in_chunks(m: "MasterService", offsets: np.ndarray, data: np.ndarray, te
     rows = np.empty(n, np.int64)
 
     def lookup(lo: int, hi: int) -> tuple:
-        rows[lo:hi] = m._lookup(offsets[lo:hi + 1], data, tenant_id)
+        rows[lo:hi] = m.store.lookup(offsets[lo:hi + 1], data, tenant_id)
         return index_state(m)
 
-    looked = run_in_chunks(m._lock, n, lookup, reading=True)
+    looked = run_in_chunks(m.lock, n, lookup, reading=True)
     states = dict(looked)
 
     def classify(lo: int, hi: int) -> T:
         if index_state(m) != states[lo]:
-            rows[lo:hi] = m._lookup(offsets[lo:hi + 1], data, tenant_id)
+            rows[lo:hi] = m.store.lookup(offsets[lo:hi + 1], data, tenant_id)
         r = rows[lo:hi]
-        codes = np.empty(r.size, np.int32)
-        o = m.objects  # as MasterService._classify_reads, on rows already looked up
-        ok.classify_reads(r, m.clocks.steady_ns(), m.lease_ttl_ns, codes, o.flags, o.lease_deadline_ns,
-                          o.group_next, o.replica_status, o.replica_kind, o.replica_segment,
-                          m.segments.readable, o.replica_more)
-        return finish(r, codes)
+        return finish(r, m.classify_reads(r))
 
-    return run_in_chunks(m._lock, n, classify, bounds=[lo for lo, _ in looked], reading=True)
+    return run_in_chunks(m.lock, n, classify, bounds=[lo for lo, _ in looked], reading=True)
 
 
 def joined_codes(parts: list[tuple[int, np.ndarray]]) -> np.ndarray:

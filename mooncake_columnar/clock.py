@@ -11,14 +11,12 @@ import threading
 import time
 from typing import Protocol, runtime_checkable
 
+from .errors import ClockOverflow, InvalidParams
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
-
-
-class ClockOverflow(OverflowError):
-    """A deadline computation left the int64 range."""
 
 
 def checked_add(a: int, b: int) -> int:
@@ -27,19 +25,6 @@ def checked_add(a: int, b: int) -> int:
     if r < INT64_MIN or r > INT64_MAX:
         raise ClockOverflow(f"int64 overflow in {a} + {b}")
     return r
-
-
-def checked_sub(a: int, b: int) -> int:
-    """a - b as an int64, raising :class:`ClockOverflow` instead of wrapping."""
-    r = int(a) - int(b)
-    if r < INT64_MIN or r > INT64_MAX:
-        raise ClockOverflow(f"int64 overflow in {a} - {b}")
-    return r
-
-
-def saturating_add(a: int, b: int) -> int:
-    """a + b clamped to the int64 range (upstream saturates soft-pin deadlines)."""
-    return max(INT64_MIN, min(INT64_MAX, int(a) + int(b)))
 
 
 @runtime_checkable
@@ -65,7 +50,7 @@ class ManualClocks:
     """Two independent hand-driven clocks for tests and notebooks.
 
     ``advance`` moves steady time (and, by default, system time by the same amount, as real
-    time would); ``jump_system``/``set_system`` move only the wall clock, forwards or backwards.
+    time would); ``jump_system`` moves only the wall clock, forwards or backwards.
     """
 
     def __init__(self, steady_ns: int = 1_000 * NS_PER_S, system_ns: int = 1_796_000_000 * NS_PER_S):
@@ -82,20 +67,13 @@ class ManualClocks:
     def advance(self, ns: int = 0, *, ms: int = 0, s: float = 0, system_too: bool = True) -> None:
         delta = int(ns) + int(ms) * NS_PER_MS + int(round(s * NS_PER_S))
         if delta < 0:
-            raise ValueError("steady time never goes backwards")
+            raise InvalidParams("steady time never goes backwards")
         with self._lock:
             self._steady = checked_add(self._steady, delta)
             if system_too:
                 self._system = checked_add(self._system, delta)
 
-    def advance_ms(self, ms: int) -> None:
-        self.advance(ms=ms)
-
     def jump_system(self, ns: int = 0, *, ms: int = 0, s: float = 0) -> None:
         delta = int(ns) + int(ms) * NS_PER_MS + int(round(s * NS_PER_S))
         with self._lock:
             self._system = checked_add(self._system, delta)
-
-    def set_system(self, system_ns: int) -> None:
-        with self._lock:
-            self._system = int(system_ns)

@@ -265,6 +265,27 @@ class WindowFull(OpLogError):
     code = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
 
 
+# --- the standby (ha/standby.py) ----------------------------------------------------------------
+
+
+class IncompleteOpLogCatchUp(OpLogError):
+    """Promotion could not apply the oplog up to its durable prefix."""
+
+    code = ErrorCode.INCOMPLETE_OPLOG_CATCH_UP
+
+
+class OpLogRegression(OpLogError):
+    """The durable prefix or a batch moved backwards behind what this standby already saw."""
+
+    code = ErrorCode.INCOMPLETE_OPLOG_CATCH_UP
+
+
+class StandbyFailed(OpLogError):
+    """Applying entries failed part-way: the standby's state is unusable until rebuilt."""
+
+    code = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
+
+
 # --- complete MasterService snapshots (snapshots/) ----------------------------------------------
 
 
@@ -398,3 +419,42 @@ class OpLogInvalidEntry(OpLogCorrupt):
     def __init__(self, field: str, message: str, sequence_id: int | None = None):
         self.sequence_id = sequence_id
         super().__init__(field, f"entry {sequence_id}: {message}" if sequence_id is not None else message)
+
+
+class BadMsgpackMapKey(SnapshotPayloadError):
+    """A msgpack map repeats a key or uses an unhashable one; raised inside the decoder's map hook,
+    which does not know the file (the v1 reader re-raises ``detail`` as SnapshotPayloadFieldError)."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(detail)
+
+
+# --- clocks, remount recovery, the command line -----------------------------------------------
+
+
+class ClockOverflow(MooncakeError, OverflowError):
+    """A deadline computation left the int64 range (clock.py)."""
+
+
+class RecoveryFault(MooncakeError, RuntimeError):
+    """Raised by an injected fault hook (tests) to fail a remount at a named step."""
+
+
+class SegmentExtentsCorrupt(EngineInvariantError, ValueError):
+    """A segment's replica extents overlap, share an allocation unit or lie outside its capacity,
+    so no allocator can be rebuilt from them: the remount refuses, granting and publishing
+    nothing. ``segment`` names it. (Also a ValueError, which the remount raised before.)"""
+
+    def __init__(self, segment: str, message: str):
+        self.segment, self.detail = segment, message
+        super().__init__("segment_extents", f"segment {segment!r}: {message}")
+
+
+class CliUsageError(InvalidParams):
+    """A command-line argument cannot be used (a URI that does not open or list, a snapshot id
+    outside the repository's path rules, no snapshots); the CLI prints ``detail`` and exits 2."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(detail)

@@ -6,10 +6,11 @@ from enum import IntEnum
 import numpy as np
 import pyarrow as pa
 
+from .clock import INT64_MIN
+
 # ---- sentinels -----------------------------------------------------------------------------------
-NEVER_LEASED = np.int64(-(2**63))  # lease deadline that is always expired
-NO_DEADLINE = np.int64(-(2**63))   # soft-pin deadline of an object with no active interval
-INT64_MAX = np.int64(2**63 - 1)
+NEVER_LEASED = np.int64(INT64_MIN)  # lease deadline that is always expired
+NO_DEADLINE = np.int64(INT64_MIN)   # soft-pin deadline of an object with no active interval
 EMPTY_CODE = -1                    # dictionary code meaning "none" (no group, empty slot)
 
 # ---- object flag bits (uint8) --------------------------------------------------------------------

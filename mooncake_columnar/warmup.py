@@ -54,7 +54,7 @@ def _exercise(tmp: Path) -> None:
     from .messages import ReplicateConfig
     from .snapshots.manager import SnapshotManager, restore_master
     from .snapshots.repository import SnapshotRepository
-    from .synthetic import fill, mount_segments, synthetic_keys
+    from .tools.synthetic import fill, mount_segments, synthetic_keys
 
     clocks = ManualClocks()
     # a long recovery TTL: a compiling (cold-cache) warmup remount is not worth a slow-remount warning
@@ -114,7 +114,7 @@ def _exercise(tmp: Path) -> None:
 
 def _promote_and_remount(store, config, clocks, standby_snapshots) -> None:
     from .ha.standby import StandbyService
-    from .synthetic import segment_request, synthetic_keys
+    from .tools.synthetic import segment_request, synthetic_keys
     follower = StandbyService(store, config=config, clocks=clocks, snapshot_repo=standby_snapshots)
     follower.bootstrap()
     follower.poll()

@@ -30,7 +30,7 @@ from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, Snapsh
 from ..kernels import allocation as ak
 from ..kernels import id_set
 from ..schema import (KIND_MEMORY, NEVER_LEASED, NO_DEADLINE, OBJECTS_ARROW_SCHEMA, REPLICAS_ARROW_SCHEMA,
-                      ST_COMPLETE)
+                      ST_COMPLETE, ST_EMPTY)
 from ..snapshots.state import SnapshotState
 from ..store.arrow_io import append_objects
 from ..store.keys import string_buffers
@@ -93,7 +93,7 @@ def _apply_segment(m: "MasterService", ids: ReplicaIdIndex, seq: int, op: OpType
         if code >= 0:
             o = m.objects
             dropped = o.replica_id[:o.high_water][o.memory_slots_on(code)]  # the slots the unmount drops
-            m._unmount_codes([code])
+            m.store.unmount_segment(code)
             ids.replace(dropped, dropped[:0])
 
 
@@ -162,13 +162,13 @@ def _apply_objects(m: "MasterService", ids: ReplicaIdIndex, run: OpLogColumns, s
     freed, new_ids, rep_seq = held_ids(m.objects, erased), run.replica_id[reps], puts[rep_put] + seq0
     _check_ids_free(ids, freed, new_ids, rep_seq)
     free_lists = _take_extents(m, erased, run, reps, rep_seq)
-    m._erase_rows(erased)  # from here on nothing raises: every check above passed
+    m.store.erase_rows(erased)  # from here on nothing raises: every check above passed
     for code, (st, ln) in free_lists.items():
         m.segments.install_allocator(code, st, ln, int(m.segments.capacity[code]) - int(ln.sum()))
     if tables is not None:
-        append_objects(m, *tables)
+        append_objects(m.store, *tables)
         if new_ids.size:
-            m.next_replica_id = max(m.next_replica_id, int(new_ids.max()) + 1)
+            m.store.next_replica_id = max(m.store.next_replica_id, int(new_ids.max()) + 1)
     ids.replace(freed, new_ids)
 
 
@@ -243,7 +243,7 @@ def _take_extents(m: "MasterService", erased: np.ndarray, run: OpLogColumns, rep
     (``rep_seq``: each replica's sequence id) whose extent is not entirely free: it overlaps an
     extent the standby holds or another one of the run."""
     o, s = m.objects, m.segments
-    r_idx, slot = np.nonzero((o.replica_status[erased] != 0) & (o.replica_kind[erased] == KIND_MEMORY))
+    r_idx, slot = np.nonzero((o.replica_status[erased] != ST_EMPTY) & (o.replica_kind[erased] == KIND_MEMORY))
     old_rows = erased[r_idx]
     old_seg = o.replica_segment[old_rows, slot].astype(np.int64)
     old_off, old_size = o.replica_offset[old_rows, slot], o.size_bytes[old_rows]

@@ -20,14 +20,15 @@ from numba import njit
 from ..errors import WindowFull
 from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_hard_pinned, is_soft_pin_enabled
-from ..schema import KIND_LOCAL_DISK, KIND_MEMORY, ReplicaStatus
+from ..schema import KIND_LOCAL_DISK, KIND_MEMORY, ST_EMPTY, ReplicaStatus
 from ..store.segments import Segment
 from .oplog import OpLogColumns, OpLogOp, OpType, SegmentPayload
 from .writer import OpLogWriter, Reservation
 
 if TYPE_CHECKING:
-    from ..eviction import EvictionPlan
-    from ..master import MasterService
+    from ..changelog import RemovalFinalizer
+    from ..policies.eviction import EvictionPlan
+    from ..store.metadata import MetadataStore
 
 _REMOVED = int(ReplicaStatus.REMOVED)
 _COMPLETE = int(ReplicaStatus.COMPLETE)
@@ -150,15 +151,22 @@ _NO_KEEP = np.zeros((0, 0), np.bool_)
 
 
 class Journal:
-    def __init__(self, writer: OpLogWriter, admission_timeout_s: float = 0.05) -> None:
+    """The change log of one master (changelog.ChangeLog) over an oplog writer: entries built
+    from its store's columns; ``finalize(rows, ids)`` frees hidden removals once durable."""
+
+    def __init__(self, writer: OpLogWriter, store: "MetadataStore", finalize: "RemovalFinalizer",
+                 admission_timeout_s: float = 0.05) -> None:
         self.writer = writer
+        self.store = store
+        self.finalize = finalize
         self.admission_timeout_s = admission_timeout_s
 
     # ---- columns ---------------------------------------------------------------------------
-    def _object_columns(self, m: "MasterService", rows: np.ndarray, keep: np.ndarray | None) -> OpLogColumns:
+    def _object_columns(self, rows: np.ndarray, keep: np.ndarray | None) -> OpLogColumns:
         """One entry per row, built from the engine columns: PUT_END carrying the replicas that
         stay (``keep`` mask over the slots of the rows' chains, default: the COMPLETE ones), or
         REMOVE when none stays."""
+        m = self.store
         o = m.objects
         (op, put, client, group, size, data_type, hard, soft, count, rid, kind, seg, offset,
          rsize) = _gather_entries(rows, _NO_KEEP if keep is None else keep, keep is None, o.flags, o.group,
@@ -169,7 +177,7 @@ class Journal:
         coded: dict[str, np.ndarray] = {}
         for name, codes, name_of in (
                 ("tenant", o.tenant[rows], m.tenants.name), ("client", client, m.clients.name),
-                ("group", group, m._group_names.__getitem__),
+                ("group", group, m.group_names.__getitem__),
                 ("replica_segment", seg, lambda c: m.segments.info[c].name if c < _OWNER_BASE
                  else m.clients.name(c - _OWNER_BASE))):
             local, names = _dictionary(codes, name_of)
@@ -197,17 +205,22 @@ class Journal:
     def window(self) -> int:
         return self.writer.window
 
+    @property
+    def terminal_error(self) -> BaseException | None:
+        return self.writer.terminal_error
+
     # ---- hooks called by MasterService (under its lock) --------------------------------------
-    def submit_put_ends(self, m: "MasterService", res: Reservation, rows: np.ndarray) -> None:
+    def submit_put_ends(self, res: Reservation, rows: np.ndarray) -> None:
         """PUT_END of ``rows`` (one per reserved id), whose puts just completed: visible before
         durable, and never without an entry (the reservation was made before they completed)."""
-        self.writer.submit(res, self._object_columns(m, rows, None))
+        self.writer.submit(res, self._object_columns(rows, None))
 
-    def hide_then_free(self, m: "MasterService", rows: np.ndarray, plan: "EvictionPlan | None" = None) -> int:
+    def hide_then_free(self, rows: np.ndarray, plan: "EvictionPlan | None" = None) -> int:
         """Mark the slots ``plan`` removes (default: every slot) of ``rows`` REMOVED, journal
         PUT_END(remaining)/REMOVE, and free them once durable, in window-sized reservations.
         Returns how many of ``rows`` (a prefix) were hidden; the others are unchanged because
         the window stayed full."""
+        m = self.store
         o = m.objects
         done = 0
         while done < rows.size:
@@ -215,22 +228,22 @@ class Journal:
             if plan is None:
                 chain = o.chains(part).rows
                 status = o.replica_status[chain]
-                gone = status != 0
+                gone = status != ST_EMPTY
             else:
                 sub = plan.part(done, done + part.size)
                 chain, gone = sub.chains.rows, sub.removed
                 status = o.replica_status[chain]
-            remaining = (status != 0) & ~gone
-            body = self._object_columns(m, part, remaining & (status == _COMPLETE))
+            remaining = (status != ST_EMPTY) & ~gone
+            body = self._object_columns(part, remaining & (status == _COMPLETE))
             res = self.reserve(int(part.size))
             if res is None:
                 break
             ids = np.where(gone, o.replica_id[chain], 0)
             r_idx, slot = np.nonzero(gone)
-            m._charge(part, -1)  # the tenant ledger follows statuses: hidden bytes leave it now
+            m.charge(part, -1)  # the tenant ledger follows statuses: hidden bytes leave it now
             o.replica_status[chain[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable
-            m._charge(part, +1)
-            self.writer.submit(res, body, on_durable=lambda _batch, p=chain, i=ids: m._finalize_removed(p, i))
+            m.charge(part, +1)
+            self.writer.submit(res, body, on_durable=lambda _batch, p=chain, i=ids: self.finalize(p, i))
             done += part.size
         return done
 
@@ -262,23 +275,3 @@ class PendingEntries:
     def cancel(self) -> None:
         if self._res is not None:
             self._writer.cancel(self._res)
-
-
-def finalize_removed(m: "MasterService", rows: np.ndarray, ids: np.ndarray) -> Sequence[int]:
-    """Free the REMOVED slots whose replica ids still match (``rows``: objects' rows or their
-    continuation rows, which may have been recycled since); erase objects left without
-    replicas. Returns the rows erased."""
-    o = m.objects
-    status = o.replica_status[rows]
-    match = (ids != 0) & (o.replica_id[rows] == ids) & (status == _REMOVED)
-    r_idx, slot = np.nonzero(match)
-    m._drop_slots(rows[r_idx], slot)
-    touched = np.unique(o.owners(rows[match.any(axis=1)]))
-    chains = o.chains(touched)
-    gone = touched[~chains.any(o.replica_status[chains.rows] != 0)]
-    m._erase_rows(gone)
-    return gone
-
-
-
-NOT_JOURNALED = PendingEntries(None, None, None)  # a master without a journal: nothing to submit

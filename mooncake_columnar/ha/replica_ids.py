@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import EngineInvariantError
 from ..kernels import id_set
+from ..schema import ST_EMPTY
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -37,7 +38,7 @@ def held_ids(o: "ObjectTable", rows: np.ndarray | None = None) -> np.ndarray:
     else:
         chain = o.chains(rows).rows
         status, ids = o.replica_status[chain], o.replica_id[chain]
-    return ids[status != 0].view(np.int64)
+    return ids[status != ST_EMPTY].view(np.int64)
 
 
 class ReplicaIdIndex:

@@ -31,14 +31,16 @@ import pyarrow as pa
 from ..clock import NS_PER_S, Clocks
 from ..config import MasterConfig
 from ..errors import (
-    ErrorCode,
+    IncompleteOpLogCatchUp,
     MooncakeError,
     NoUsableStandbySnapshot,
     OpLogError,
     OpLogGap,
+    OpLogRegression,
     OpLogStoreUnavailable,
     SnapshotError,
     SnapshotIntegrityError,
+    StandbyFailed,
     StandbySnapshotError,
     StandbySnapshotUnreplayable,
     UnavailableInCurrentStatus,
@@ -68,24 +70,6 @@ from .writer import OpLogWriter
 from .stores import OpLogStore
 
 log = logging.getLogger(__name__)
-
-
-class IncompleteOpLogCatchUp(OpLogError):
-    """Promotion could not apply the oplog up to its durable prefix."""
-
-    code = ErrorCode.INCOMPLETE_OPLOG_CATCH_UP
-
-
-class OpLogRegression(OpLogError):
-    """The durable prefix or a batch moved backwards behind what this standby already saw."""
-
-    code = ErrorCode.INCOMPLETE_OPLOG_CATCH_UP
-
-
-class StandbyFailed(OpLogError):
-    """Applying entries failed part-way: the standby's state is unusable until rebuilt."""
-
-    code = ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS
 
 
 # --- standby snapshot <-> engine state -------------------------------------------------------------

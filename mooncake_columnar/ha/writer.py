@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..clock import Clocks
 from ..errors import (
@@ -40,6 +40,11 @@ from ..errors import (
 )
 from .oplog import OpLogBatch, OpLogColumns, OpLogOp, encode_batch
 from .stores import OpLogStore
+
+if TYPE_CHECKING:
+    from ..changelog import RemovalFinalizer
+    from ..store.metadata import MetadataStore
+    from .journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +121,12 @@ class OpLogWriter:
     @property
     def terminal_error(self) -> BaseException | None:
         return self._terminal
+
+    def change_log(self, store: "MetadataStore", finalize: "RemovalFinalizer",
+                   admission_timeout_s: float) -> "Journal":
+        """A master's change log (changelog.ChangeLogSink) journaling into this writer."""
+        from .journal import Journal  # journal.py builds on this module
+        return Journal(self, store, finalize, admission_timeout_s)
 
     def durable_lag_ns(self) -> int:
         """Steady-clock age of the oldest reservation that is not yet durable (0 if none)."""

@@ -38,7 +38,7 @@ Checks, in order:
   ``group_next`` list per group code, members share the code and FLAG_GROUPED, ungrouped LIVE
   rows point at themselves, ``group_head[g]`` is a member of g or -1 for an empty group.
 * ``tenant_ledger`` (multi-tenant mode): pending/committed equal a from-scratch charge of every
-  LIVE row (quota.TenantLedger.charge).
+  LIVE row (store.ledger.TenantLedger.charge).
 * ``replica_id_unique``: no replica id is used twice.
 * ``standby_replica_ids`` (a standby container): its replica-id index (ha/replica_ids.py) holds
   exactly the ids of the held replicas.

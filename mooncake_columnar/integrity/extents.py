@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numba import njit
 
+from ..clock import INT64_MAX
 from ..kernels import allocation as ak
 from ..kernels.predicates import memory_replica_on_mask
 
-from .report import _INT64_MAX, _MEM, _fail, _row_name, _seg_name
+from .report import _MEM, _ST_EMPTY, _fail, _row_name, _seg_name
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -49,7 +50,7 @@ def _slot_pass(hw, owned, status, kind, seg, off, size, rep_id, next_id, mounted
     for r in range(hw):
         live = owned[r]
         for j in range(status.shape[1]):
-            if status[r, j] == 0:
+            if status[r, j] == _ST_EMPTY:
                 continue
             if not live:
                 return _SLOT_ROW, r, j, ascending
@@ -106,7 +107,8 @@ def _check_slots(m: "MasterService", owned: np.ndarray | None = None) -> np.ndar
 
 def _check_discarded(m: "MasterService", mounted: np.ndarray) -> None:
     """The pending extents of abandoned puts obey the memory-slot rules (a few, vectorised)."""
-    seg, off, size = m._discarded_seg, m._discarded_off, m._discarded_size
+    d = m.store.discarded
+    seg, off, size = d.seg, d.off, d.size
     if not seg.size:
         return
     s = m.segments
@@ -157,8 +159,8 @@ def _advance(s, limit, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, s
     the start of the next one (INT64_MAX: none). Runs once per free or discarded extent only,
     so the array arguments cost nothing that matters."""
     while True:
-        f = f_off[fi[s]] if fi[s] < f_bounds[s + 1] else _INT64_MAX
-        d = d_off[di[s]] if di[s] < d_bounds[s + 1] else _INT64_MAX
+        f = f_off[fi[s]] if fi[s] < f_bounds[s + 1] else INT64_MAX
+        d = d_off[di[s]] if di[s] < d_bounds[s + 1] else INT64_MAX
         if f > limit and d > limit:
             return min(f, d)
         free = f <= d
@@ -183,7 +185,7 @@ def _walk_state(n: int, f_off: np.ndarray, f_bounds: np.ndarray, d_off: np.ndarr
                 d_bounds: np.ndarray) -> np.ndarray:
     """Per segment: cursor, after-free flag, held bytes, start of the next free/discarded extent."""
     state = np.zeros((n, 4), np.int64)
-    firsts = [np.where(b[1:] > b[:-1], np.append(off, _INT64_MAX)[b[:-1]], _INT64_MAX)
+    firsts = [np.where(b[1:] > b[:-1], np.append(off, INT64_MAX)[b[:-1]], INT64_MAX)
               for off, b in ((f_off, f_bounds), (d_off, d_bounds))]
     state[:, _NEXT] = np.minimum(*firsts)
     return state
@@ -193,7 +195,7 @@ def _walk_state(n: int, f_off: np.ndarray, f_bounds: np.ndarray, d_off: np.ndarr
 def _finish(capacity, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state, allocatable, err):
     """Visit what is left of every segment and demand the tiling reach its capacity."""
     for s in range(capacity.shape[0]):
-        _advance(s, _INT64_MAX - 1, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state,
+        _advance(s, INT64_MAX - 1, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state,
                  allocatable, err)
         if allocatable[s] and state[s, _CURSOR] < capacity[s]:
             _record(err, _T_GAP, s, state[s, _CURSOR])
@@ -224,7 +226,7 @@ def _tile_rows(hw, status, kind, seg, off, size, unit_bits, capacity, allocatabl
     err = np.full((3, 2), -1, np.int64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] == 0:
+            if status[r, j] == _ST_EMPTY:
                 continue
             if kind[r, j] != _MEM:
                 continue
@@ -244,7 +246,7 @@ def _gather_held(hw, status, kind, seg, off, size, unit_bits, capacity):
     bounds = np.zeros(n + 1, np.int64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] != 0 and kind[r, j] == _MEM:
+            if status[r, j] != _ST_EMPTY and kind[r, j] == _MEM:
                 bounds[seg[r, j] + 1] += 1
     for s in range(n):
         bounds[s + 1] += bounds[s]
@@ -253,7 +255,7 @@ def _gather_held(hw, status, kind, seg, off, size, unit_bits, capacity):
     ends = np.empty(bounds[n], np.int64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] != 0 and kind[r, j] == _MEM:
+            if status[r, j] != _ST_EMPTY and kind[r, j] == _MEM:
                 s = seg[r, j]
                 k = fill[s]
                 starts[k] = off[r, j]
@@ -318,9 +320,10 @@ def _check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.nd
 def _sorted_discarded(m: "MasterService", n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Discarded extents as (offsets, held ends, per-segment bounds), sorted by (segment, offset)."""
     s = m.segments
-    seg = m._discarded_seg.astype(np.int64)
-    order = np.lexsort((m._discarded_off, seg))
-    seg, off, size = seg[order], m._discarded_off[order].astype(np.int64), m._discarded_size[order]
+    d = m.store.discarded
+    seg = d.seg.astype(np.int64)
+    order = np.lexsort((d.off, seg))
+    seg, off, size = seg[order], d.off[order].astype(np.int64), d.size[order]
     end = ak.held_end(off, size.astype(np.int64), s.unit_bits[seg], s.capacity[seg]) if seg.size else off
     return off, end.astype(np.int64), np.searchsorted(seg, np.arange(n + 1)).astype(np.int64)
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import EngineInvariantError
 from ..kernels import hashing as hk
-from ..schema import FLAG_LIVE, KIND_MEMORY, ReplicaStatus
+from ..schema import FLAG_LIVE, KIND_MEMORY, ST_EMPTY, ReplicaStatus
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 _MEM = int(KIND_MEMORY)
 _ST_PROCESSING = int(ReplicaStatus.PROCESSING)
 _ST_COMPLETE = int(ReplicaStatus.COMPLETE)
+_ST_EMPTY = int(ST_EMPTY)
 _ROW_MASK = np.int64(0xFFFFFFFF)
-_INT64_MAX = np.int64(2**63 - 1)
 _CHUNKS = 64  # parallel kernels split rows into this many chunks (first violation: lowest chunk)
 
 

@@ -11,7 +11,7 @@ from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
 from ..upstream_ids import is_upstream_uuid
 
-from .report import _MEM, _ST_COMPLETE, _ST_PROCESSING, _fail, _row_name, _seg_name
+from .report import _MEM, _ST_COMPLETE, _ST_EMPTY, _ST_PROCESSING, _fail, _row_name, _seg_name
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -257,7 +257,7 @@ def _walk_groups(group_head, group_next, flags, group, members, hw):
 def _check_groups(m: "MasterService") -> None:
     o = m.objects
     hw = o.high_water
-    n_groups = len(m._group_names)
+    n_groups = len(m.store.group_names)
     if len(m.groups) != n_groups or m.group_head.size < n_groups:
         _fail("group_head", f"{len(m.groups)} group codes, {n_groups} names, {m.group_head.size} heads")
     members = np.zeros(max(1, n_groups), np.int64)
@@ -275,7 +275,7 @@ def _check_groups(m: "MasterService") -> None:
         _fail("group_link", f"{_row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
     problem, g = _walk_groups(m.group_head, o.group_next, o.flags, o.group, members[:n_groups], hw)
     if problem:
-        name = m._group_names[g] if g < n_groups else "?"
+        name = m.store.group_names[g] if g < n_groups else "?"
         what = (f"head {int(m.group_head[g])} is not a LIVE member" if problem == 1
                 else f"the {int(members[g])} members are not one circular list")
         _fail("group_head" if problem == 1 else "group_link", f"group {g} ({name!r}): {what}")
@@ -284,7 +284,7 @@ def _check_groups(m: "MasterService") -> None:
 # ================================================================================ ledger, ids
 @njit(cache=True, nogil=True)
 def _ledger_sums(hw, flags, tenant, size, status, kind, more, n_tenants):
-    """quota.TenantLedger.charge over every LIVE row: (pending, committed, bad row or -1)."""
+    """store.ledger.TenantLedger.charge over every LIVE row: (pending, committed, bad row or -1)."""
     pending = np.zeros(n_tenants, np.int64)
     committed = np.zeros(n_tenants, np.int64)
     for r in range(hw):
@@ -333,7 +333,7 @@ def _first_duplicate_id(hw, status, rep_id, words):
     seen = np.zeros(words, np.uint64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] == 0:
+            if status[r, j] == _ST_EMPTY:
                 continue
             i = rep_id[r, j]
             w = np.int64(i >> np.uint64(6))
@@ -353,12 +353,12 @@ def _check_replica_ids(m: "MasterService") -> None:
         if r < 0:
             return
     else:  # ids spread far wider than the replicas: sort instead
-        ids = o.replica_id[:hw][o.replica_status[:hw] != 0]
+        ids = o.replica_id[:hw][o.replica_status[:hw] != _ST_EMPTY]
         ids.sort()
         dup = np.flatnonzero(ids[1:] == ids[:-1])
         if not dup.size:
             return
-        hit = (o.replica_id[:hw] == ids[dup[0]]) & (o.replica_status[:hw] != 0)
+        hit = (o.replica_id[:hw] == ids[dup[0]]) & (o.replica_status[:hw] != _ST_EMPTY)
         r, j = (int(x[0]) for x in np.nonzero(hit))
     _fail("replica_id_unique", f"{_row_name(m, int(r))} slot {int(j)}: replica id {int(o.replica_id[r, j])} "
                                f"is used twice")

@@ -28,7 +28,7 @@ BATCH_MIN = 4096  # keys (or rows): below, the serial variant that keeps the GIL
 
 def variant(kernel, suffix: str, **options):
     """``kernel``'s Python function compiled again with ``options`` (``cache=True`` default)."""
-    py = kernel.py_func
+    py = getattr(kernel, "py_func", kernel)  # NUMBA_DISABLE_JIT: njit returns the function itself
     fn = types.FunctionType(py.__code__, py.__globals__, py.__name__ + suffix, py.__defaults__, py.__closure__)
     fn.__qualname__ = py.__qualname__ + suffix
     fn.__module__ = py.__module__

@@ -47,7 +47,7 @@ def hash_key(data, start, length, tenant):
     byte-at-a-time hash waits one multiply per byte), then the splitmix64 finalizer."""
     # (tenant, length) seed the state through the finalizer: equal bytes under another tenant
     # or of another length (zero padding) start from an unrelated state
-    h = mix64(_FNV_OFFSET ^ (np.uint64(tenant & 0xFFFFFFFF) << np.uint64(32)) ^ np.uint64(length))
+    h = mix64(_FNV_OFFSET ^ (np.uint64(np.uint32(tenant)) << np.uint64(32)) ^ np.uint64(length))
     end = start + length
     i = start
     while i + 8 <= end:
@@ -152,16 +152,6 @@ def fill_slot(table, slot, h, row):
     table[slot] = _slot_value(h, row)
 
 
-@njit(cache=True)
-def insert_row(table, row, h):
-    """Insert ``row`` (caller guarantees the key is absent)."""
-    mask = table.shape[0] - 1
-    i = home_slot(h, mask)
-    while table[i] >= 0:
-        i = (i + 1) & mask
-    table[i] = _slot_value(h, row)
-
-
 @njit(inline="always", cache=True)
 def _delete_in(table, want, home, stop):
     """Backward-shift delete of slot value ``want`` whose probe starts at ``home``, touching only
@@ -221,15 +211,6 @@ def slot_rows(table):
         if table[i] >= 0:
             out[k] = table[i] & _ROW_MASK
             k += 1
-    return out
-
-
-@njit(cache=True)
-def hash_batch(offsets, data, tenants):
-    n = offsets.shape[0] - 1
-    out = np.empty(n, np.uint64)
-    for i in range(n):
-        out[i] = hash_key(data, offsets[i], offsets[i + 1] - offsets[i], tenants[i])
     return out
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..schema import FLAG_GROUP_REFRESH, FLAG_PENDING_SOFT_PIN, FLAG_SOFT_PIN_ENABLED, INT64_MAX
+from ..clock import INT64_MAX
+from ..schema import FLAG_GROUP_REFRESH, FLAG_PENDING_SOFT_PIN, FLAG_SOFT_PIN_ENABLED
 from .predicates import group_awaits_refresh, is_grouped, is_soft_pin_enabled
 from .rowbits import has_bit
 
 _REFRESH = int(FLAG_GROUP_REFRESH)
 _SOFT_ENABLED = int(FLAG_SOFT_PIN_ENABLED)
 _PENDING = int(FLAG_PENDING_SOFT_PIN)
-_I64_MAX = int(INT64_MAX)
 
 
 @njit(inline="always", cache=True)
@@ -79,17 +79,8 @@ def grant_recovery_masked(lease, soft_deadlines, flags, bits, deadline, soft_dea
                         grant_until(soft_deadlines, i, soft_deadline)
 
 
-@njit(cache=True)
-def grant_rows(deadlines, rows, deadline):
-    """Max-update the listed rows to one deadline (negative rows are skipped)."""
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        if r >= 0 and deadline > deadlines[r]:
-            deadlines[r] = deadline
-
-
 @njit(inline="always", cache=True)
 def commit_soft_pin(flags, soft_deadline, row, now, ttl_ns):
     """Upstream CommitPendingSoftPin(ENABLE): deadline = now + ttl saturating; enabled from now on."""
-    soft_deadline[row] = _I64_MAX if now > _I64_MAX - ttl_ns else now + ttl_ns
+    soft_deadline[row] = INT64_MAX if now > INT64_MAX - ttl_ns else now + ttl_ns
     flags[row] = (flags[row] | np.uint8(_SOFT_ENABLED)) & ~np.uint8(_PENDING)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..schema import FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_PROCESSING
+from ..errors import ErrorCode
+from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_EMPTY,
+                      ST_PROCESSING)
 from . import allocation as ak
 from .chains import next_row
 from . import hashing as hk
@@ -20,14 +22,15 @@ from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_memory_re
                          slot_is_processing, slot_is_removed)
 
 _BLOCK = 32
-OK = 0
-NOT_FOUND = -704
-ALREADY_EXISTS = -705
-NOT_READY = -703
-NO_HANDLE = -200
-ILLEGAL_CLIENT = -601
-INVALID_WRITE = -700
-HAS_LEASE = -706
+# batch result codes, from the one ErrorCode table (module-level ints: Numba compiles them in)
+OK = int(ErrorCode.OK)
+NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+ALREADY_EXISTS = int(ErrorCode.OBJECT_ALREADY_EXISTS)
+NOT_READY = int(ErrorCode.REPLICA_IS_NOT_READY)
+NO_HANDLE = int(ErrorCode.NO_AVAILABLE_HANDLE)
+ILLEGAL_CLIENT = int(ErrorCode.ILLEGAL_CLIENT)
+INVALID_WRITE = int(ErrorCode.INVALID_WRITE)
+HAS_LEASE = int(ErrorCode.OBJECT_HAS_LEASE)
 
 _PROCESSING_FLAG = int(FLAG_PROCESSING)
 _GROUPED = int(FLAG_GROUPED)
@@ -35,6 +38,7 @@ _REFRESH = int(FLAG_GROUP_REFRESH)
 _MEM = int(KIND_MEMORY)
 _ST_PROC = int(ST_PROCESSING)
 _ST_DONE = int(ST_COMPLETE)
+_ST_EMPTY = int(ST_EMPTY)
 
 
 @njit(inline="always", cache=True)
@@ -398,7 +402,7 @@ def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind, m
                 if not slot_in_use(rep_status[rr, j]):
                     continue
                 if memory_replica_segment(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j]) == code:
-                    rep_status[rr, j] = 0
+                    rep_status[rr, j] = _ST_EMPTY
                     rep_seg[rr, j] = -1
                     touched = True
                 else:
@@ -495,7 +499,7 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
                 lens[k] = sizes[r]
                 k += 1
             dropped[c] += sizes[r]
-            rep_status[r, j] = 0
+            rep_status[r, j] = _ST_EMPTY
             rep_seg[r, j] = -1
     return segs, offs, lens, dropped.sum()
 

@@ -164,15 +164,6 @@ def has_pending_soft_pin(flags):
     return (flags & _PENDING) != 0
 
 
-@njit(inline="always", cache=True)
-def object_has_readable_replica(row, status, kind, segment, segment_readable, more):
-    while row >= 0:
-        for j in range(status.shape[1]):
-            if is_readable_replica(status[row, j], kind[row, j], segment[row, j], segment_readable):
-                return True
-        row = next_row(more, row)
-    return False
-
 
 @njit(inline="always", cache=True)
 def object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable, more):
@@ -236,5 +227,5 @@ def lease_expired_mask(lease_deadline: np.ndarray, now: int) -> np.ndarray:
 
 
 # The scalar predicates as plain Python, for single-key paths outside kernels (calling a jitted
-# function from Python costs more than the test itself).
-readable_replica = is_readable_replica.py_func
+# function from Python costs more than the test itself; with the JIT off it is plain already).
+readable_replica = getattr(is_readable_replica, "py_func", is_readable_replica)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-WORD_BITS = 64
-
 
 @njit(inline="always", cache=True)
 def words_for(rows):

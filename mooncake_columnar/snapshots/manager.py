@@ -142,8 +142,8 @@ class SnapshotManager:
             buffers, self._spare_buffers = self._spare_buffers or _FreezeBuffers(), None
         buffers.reserve(m.objects.high_water, m.objects.slots)  # outside the lock; a no-op when warm
         t0 = time.perf_counter()
-        with m._lock:
-            frozen = freeze(m, buffers.alloc)
+        with m.lock:
+            frozen = freeze(m.store, buffers.alloc)
             # ONE pair for the whole frozen state (never per object): RFC "Snapshot clock context".
             system_ns, steady_ns = m.clocks.system_ns(), m.clocks.steady_ns()
         m.metrics.set("snapshot_lock_held_seconds", time.perf_counter() - t0)

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import zstandard
 
 from ..errors import (
+    BadMsgpackMapKey,
     InvalidParams,
     RollbackClientIdsNotUpstream,
     RollbackSegmentsAwaitingRemount,
@@ -78,22 +79,18 @@ _U64 = (1 << 64) - 1
 
 
 # ---- helpers --------------------------------------------------------------------------------------
-class _BadMapKey(Exception):
-    """Raised inside msgpack's map hook; _unpack names the file."""
-
-
 def _unique_map(pairs: list[tuple[Any, Any]]) -> dict:
     """A msgpack map as a dict, refusing a repeated key: a dict would keep only the last value
     (a bit flip that turns one shard's key into another's would silently drop that shard)."""
     try:
         out = dict(pairs)
     except TypeError:  # a map or array used as a key
-        raise _BadMapKey("unhashable map key") from None
+        raise BadMsgpackMapKey("unhashable map key") from None
     if len(out) != len(pairs):  # name the first repeated key
         seen: set = set()
         for key, _ in pairs:
             if key in seen:
-                raise _BadMapKey(f"map key {key!r} appears more than once")
+                raise BadMsgpackMapKey(f"map key {key!r} appears more than once")
             seen.add(key)
     return out
 
@@ -103,8 +100,8 @@ def _unpack(data: bytes, file: str) -> Any:
     per map: v1 maps are per file and per shard, never per object)."""
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False, object_pairs_hook=_unique_map)
-    except _BadMapKey as e:
-        raise SnapshotPayloadFieldError(file, "msgpack map", str(e)) from None
+    except BadMsgpackMapKey as e:
+        raise SnapshotPayloadFieldError(file, "msgpack map", e.detail) from None
     # ValueError covers ExtraData, FormatError, StackError and UnicodeDecodeError (bad UTF-8)
     except (ValueError, TypeError, OverflowError) as e:
         raise SnapshotPayloadFieldError(file, "msgpack", f"bad msgpack: {type(e).__name__}: {e}") from None

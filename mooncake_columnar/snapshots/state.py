@@ -43,6 +43,7 @@ from ..schema import (
     REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
     SEGMENTS_LEGACY_SCHEMA,
+    ST_EMPTY,
     ST_REMOVED,
     ReplicaKind,
     ReplicaStatus,
@@ -106,10 +107,14 @@ def name_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str
     return codes, names
 
 
+# the NumPy dtype of each index type, mapped here: DataType.to_pandas_dtype() imports pandas
+_INDEX_DTYPES = tuple((t, np.dtype(f"int{t.bit_width}")) for t in NAME_INDEX_TYPES)
+
+
 def name_array(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     """A name-dictionary array over ``names`` with the narrowest index type that fits."""
-    index_type = next(t for t in NAME_INDEX_TYPES if len(names) <= np.iinfo(t.to_pandas_dtype()).max + 1)
-    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(index_type.to_pandas_dtype(), copy=False)),
+    index_type, dtype = next((t, d) for t, d in _INDEX_DTYPES if len(names) <= np.iinfo(d).max + 1)
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(dtype, copy=False), index_type),
                                           pa.array(names, pa.string()))
 
 
@@ -357,22 +362,25 @@ def _first_repeat_in_bitmap(ids, words):
     return -1
 
 
-_UNKNOWN_SEGMENT = 5
+# _check_replicas' results (0: consistent); module-level ints, which Numba compiles in
+(_BAD_OBJECT_INDEX, _COUNT_MISMATCH, _ID_TOO_LARGE, _NEGATIVE_OFFSET, _UNKNOWN_SEGMENT, _BEYOND_CAPACITY,
+ _ZERO_ID, _BAD_STATUS, _BAD_KIND, _SIZE_MISMATCH, _UNALIGNED_OFFSET) = range(1, 12)
 # kernel error -> (replicas field, what is wrong)
 _REPLICA_ERRORS = {
-    1: ("object_index", "outside [0, {n})"),
-    2: ("object_index", "objects.replica_count disagrees with the replicas table"),
-    3: ("replica_id", "not below replica_next_id {next_id}"),
-    4: ("offset", "negative"),
+    _BAD_OBJECT_INDEX: ("object_index", "outside [0, {n})"),
+    _COUNT_MISMATCH: ("object_index", "objects.replica_count disagrees with the replicas table"),
+    _ID_TOO_LARGE: ("replica_id", "not below replica_next_id {next_id}"),
+    _NEGATIVE_OFFSET: ("offset", "negative"),
     _UNKNOWN_SEGMENT: ("segment", "memory replica on an unknown segment"),
-    6: ("offset", "memory extent beyond segment capacity"),
-    7: ("replica_id", "0 is not a replica id"),
-    8: ("status", f"not a replica status (1..{int(max(ReplicaStatus))})"),
-    9: ("kind", f"not a replica kind (0..{int(max(ReplicaKind))})"),
-    10: ("size", "differs from its object's size_bytes (the extent the engine holds)"),
-    11: ("offset", "not a multiple of its segment's allocation unit"),
+    _BEYOND_CAPACITY: ("offset", "memory extent beyond segment capacity"),
+    _ZERO_ID: ("replica_id", "0 is not a replica id"),
+    _BAD_STATUS: ("status", f"not a replica status (1..{int(max(ReplicaStatus))})"),
+    _BAD_KIND: ("kind", f"not a replica kind (0..{int(max(ReplicaKind))})"),
+    _SIZE_MISMATCH: ("size", "differs from its object's size_bytes (the extent the engine holds)"),
+    _UNALIGNED_OFFSET: ("offset", "not a multiple of its segment's allocation unit"),
 }
 _MAX_STATUS = np.uint8(max(ReplicaStatus))
+_ST_EMPTY = int(ST_EMPTY)
 _MAX_KIND = np.uint8(max(ReplicaKind))
 
 
@@ -388,53 +396,53 @@ def _check_replicas(object_index, replica_count, obj_size, replica_id, offset, s
     for i in range(object_index.shape[0]):
         oi = object_index[i]
         if oi < 0 or oi >= n_obj:
-            return 1, i
+            return _BAD_OBJECT_INDEX, i
         if replica_id[i] == 0:
-            return 7, i
+            return _ZERO_ID, i
         if replica_id[i] >= next_id:
-            return 3, i
-        if status[i] == 0 or status[i] > _MAX_STATUS:
-            return 8, i
+            return _ID_TOO_LARGE, i
+        if status[i] == _ST_EMPTY or status[i] > _MAX_STATUS:
+            return _BAD_STATUS, i
         if kind[i] > _MAX_KIND:
-            return 9, i
+            return _BAD_KIND, i
         if size[i] != obj_size[oi]:
-            return 10, i
+            return _SIZE_MISMATCH, i
         if offset[i] < 0:
-            return 4, i
+            return _NEGATIVE_OFFSET, i
         if kind[i] == KIND_MEMORY:
             row = seg_rows[seg_codes[i]]
             if row < 0:
                 return _UNKNOWN_SEGMENT, i
             if offset[i] > capacity[row] - size[i]:  # off + size > capacity, without overflow
-                return 6, i
+                return _BEYOND_CAPACITY, i
             if offset[i] & ((np.int64(1) << unit_bits[row]) - 1):
-                return 11, i
+                return _UNALIGNED_OFFSET, i
         if runs:
             if oi == prev:
                 run += 1
             elif oi > prev:
                 if run != (replica_count[prev] if prev >= 0 else 0):
-                    return 2, i
+                    return _COUNT_MISMATCH, i
                 for skipped in range(prev + 1, oi):  # objects without a replica
                     if replica_count[skipped] != 0:
-                        return 2, i
+                        return _COUNT_MISMATCH, i
                 prev, run = oi, 1
             else:
                 runs = False
     if runs:
         expect = replica_count[prev] if prev >= 0 else 0
         if run != expect:
-            return 2, object_index.shape[0]
+            return _COUNT_MISMATCH, object_index.shape[0]
         for skipped in range(prev + 1, n_obj):
             if replica_count[skipped] != 0:
-                return 2, object_index.shape[0]
+                return _COUNT_MISMATCH, object_index.shape[0]
         return 0, 0
     counts = np.zeros(n_obj, np.int64)
     for i in range(object_index.shape[0]):
         counts[object_index[i]] += 1
     for o in range(n_obj):
         if counts[o] != replica_count[o]:
-            return 2, object_index.shape[0]
+            return _COUNT_MISMATCH, object_index.shape[0]
     return 0, 0
 
 

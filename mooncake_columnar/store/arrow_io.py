@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from ..errors import SnapshotExtentError, SnapshotIntegrityError
+from ..errors import SegmentExtentsCorrupt, SnapshotExtentError, SnapshotIntegrityError
 from ..kernels import arena as arena_k
 from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
@@ -36,13 +36,14 @@ from ..schema import (
     KIND_MEMORY,
     OBJECTS_PAYLOAD_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
+    ST_EMPTY,
 )
 from .objects import put_start_ms
 from .rebuild import rebuild_all
 from .segments import Segment, segments_table
 
 if TYPE_CHECKING:
-    from ..master import MasterService
+    from .metadata import MetadataStore
     from ..snapshots.state import SnapshotState
 
 # Per-object columns a snapshot needs, and the replica slot columns (engine attribute names).
@@ -77,7 +78,7 @@ class FrozenColumns:
     replica_next_id: int
 
 
-def freeze(m: "MasterService", alloc: Allocator = _fresh) -> FrozenColumns:
+def freeze(m: "MetadataStore", alloc: Allocator = _fresh) -> FrozenColumns:
     """Copy what a snapshot needs; the caller holds ``m``'s lock. Only memcpy and small lists.
 
     The key arena is referenced, not copied: it is append-only (inserts write past
@@ -99,7 +100,7 @@ def freeze(m: "MasterService", alloc: Allocator = _fresh) -> FrozenColumns:
         checksum_rows=o.checksum_rows.copy(), checksum_values=o.checksum_values.copy(),
         tenants=[m.tenants.name(c) for c in range(len(m.tenants))],
         clients=[m.clients.name(c) for c in range(len(m.clients))],
-        group_names=list(m._group_names), segments=list(s.info),
+        group_names=list(m.group_names), segments=list(s.info),
         segment_readable=s.readable[:len(s.info)].copy(),
         replica_next_id=int(m.next_replica_id))
 
@@ -189,12 +190,12 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     grouped = (fl & FLAG_GROUPED) != 0
     put_start = put_start_ms(rows(c["put_start_rel"]), f.put_start_base_ms)
     status = rows(c["replica_status"])
-    used = status != 0
+    used = status != ST_EMPTY
     chains = None
     if "replica_more" in c:  # an object's slots: its row's, then its continuation rows'
         owner, chain = chain_k.expand(_iota(np.empty(fl.shape[0], np.int64)) if live is None else live,
                                       c["replica_more"])
-        chained = c["replica_status"][chain] != 0
+        chained = c["replica_status"][chain] != ST_EMPTY
         chains = (owner, chain, chained)
     objects = layout_table(OBJECTS_PAYLOAD_SCHEMA, {
         "tenant": _names(rows(c["tenant"]), f.tenants),
@@ -276,13 +277,13 @@ def _used_bytes(kind: np.ndarray, seg: np.ndarray, size: np.ndarray, n_codes: in
     return np.bincount(seg[memory], weights=size[memory], minlength=n_codes).astype(np.int64)
 
 
-def export_tables(m: "MasterService") -> "SnapshotState":
+def export_tables(m: "MetadataStore") -> "SnapshotState":
     """The live state (encoded layout); the caller holds ``m``'s lock."""
     return frozen_state(freeze(m))
 
 
 # ---- loading --------------------------------------------------------------------------------------
-def load_tables(m: "MasterService", state: "SnapshotState", *, segments_readable: bool) -> None:
+def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable: bool) -> None:
     """Fill an EMPTY master from a validated state (objects table order = replica object_index)."""
     segments = state.segments
     # segments first: replica segment names resolve to their codes
@@ -320,7 +321,7 @@ def _new_rows(o, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
     return rows, rows
 
 
-def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) -> np.ndarray:
+def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table) -> np.ndarray:
     """Add objects whose (tenant, key) are new (else SnapshotIntegrityError, nothing indexed
     twice); replica segments must be mounted. Returns the new rows in table order."""
     o = m.objects
@@ -353,7 +354,7 @@ def append_objects(m: "MasterService", objects: pa.Table, replicas: pa.Table) ->
     return rows
 
 
-def _load_keys(m: "MasterService", rows: np.ndarray, keys: pa.ChunkedArray) -> None:
+def _load_keys(m: "MetadataStore", rows: np.ndarray, keys: pa.ChunkedArray) -> None:
     """Copy the key bytes into the arena and index every row (the index is the (tenant, key)
     uniqueness check of a loaded state)."""
     from .keys import as_string_array, string_buffers
@@ -373,7 +374,7 @@ def _load_keys(m: "MasterService", rows: np.ndarray, keys: pa.ChunkedArray) -> N
     m.keys.note_inserted(n, start + nbytes)
 
 
-def _link_groups(m: "MasterService", rows: np.ndarray, objects: pa.Table) -> None:
+def _link_groups(m: "MetadataStore", rows: np.ndarray, objects: pa.Table) -> None:
     """One group code per (tenant, group) pair; members linked by a kernel."""
     from ..snapshots.state import name_codes
     codes, names = name_codes(objects.column("group"))
@@ -388,11 +389,11 @@ def _link_groups(m: "MasterService", rows: np.ndarray, objects: pa.Table) -> Non
     bounds = np.searchsorted(inverse[order], np.arange(pairs.size + 1))
     for i, pair in enumerate(pairs.tolist()):  # one iteration per group
         members = rows[grouped[order[bounds[i]:bounds[i + 1]]]]
-        gcode = m._group_code(m.tenants.name(pair // len(names)), names[pair % len(names)])
+        gcode = m.group_code(m.tenants.name(pair // len(names)), names[pair % len(names)])
         ok.link_group_members(members, gcode, m.group_head, o.group_next, o.group, o.flags)
 
 
-def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, fresh: bool) -> None:
+def _load_replicas(m: "MetadataStore", rows: np.ndarray, replicas: pa.Table, *, fresh: bool) -> None:
     """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
     o = m.objects
     oi = replicas.column("object_index").to_numpy()
@@ -411,7 +412,7 @@ def _load_replicas(m: "MasterService", rows: np.ndarray, replicas: pa.Table, *, 
         target = (slice(0, oi.size), 0)  # object i's only replica fills row i's only slot
     else:
         if fresh:  # slots no replica fills are empty
-            for name, fill in (("replica_status", 0), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
+            for name, fill in (("replica_status", ST_EMPTY), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
                                ("replica_offset", 0), ("replica_id", 0)):
                 getattr(o, name)[:rows.size] = fill
         target = (rows[oi], 0 if slot is None else slot)
@@ -445,11 +446,11 @@ def _chained_target(o, rows: np.ndarray, oi: np.ndarray, slot: np.ndarray) -> tu
     return target_rows, target_slots
 
 
-def _rebuild_allocators(m: "MasterService", rows: np.ndarray) -> None:
+def _rebuild_allocators(m: "MetadataStore", rows: np.ndarray) -> None:
     """Each segment's free space becomes the gaps between the loaded memory replicas' held extents
     (object size at the replica offset in whole allocation units, as the engine frees them); an
     overlap, a shared allocation unit or an extent past capacity raises here, typed."""
     try:
         rebuild_all(m.objects, m.segments, rows)
-    except ValueError as e:  # the rebuild's refusal, typed for the loader's caller
-        raise SnapshotExtentError("replicas", "offset", None, str(e)) from e
+    except SegmentExtentsCorrupt as e:  # the rebuild's refusal, typed for the loader's caller
+        raise SnapshotExtentError("replicas", "offset", None, f"segment {e.segment!r}: {e.detail}") from e

@@ -6,7 +6,7 @@ the master lock that long, and every reader waited. Growth is therefore a sequen
 each building a new buffer from the live one in bounded steps and swapping it in at the end:
 
 * a step only reads the live structures and writes the new buffer, so readers (get, exist)
-  may run between steps: :meth:`MasterService._grow_ahead` runs them in lock turns of their
+  may run between steps: :func:`batching.grow_ahead` runs them in lock turns of their
   own before a batch chunk;
 * anything that mutates the master finishes the remaining steps first (the master lock's
   ``settle`` hook), so a live structure never changes while a job copies it; readers do write

@@ -57,6 +57,27 @@ class Chains:
 
 
 class ObjectTable:
+    # the columns, set from OBJECT_COLUMNS / REPLICA_COLUMNS in __init__ (named here for type
+    # checkers; a test holds the two lists equal)
+    lease_deadline_ns: np.ndarray
+    soft_pin_deadline_ns: np.ndarray
+    size_bytes: np.ndarray
+    key_ref: np.ndarray
+    tenant: np.ndarray
+    client: np.ndarray
+    group: np.ndarray
+    group_next: np.ndarray
+    inflight: np.ndarray
+    put_start_rel: np.ndarray
+    flags: np.ndarray
+    data_type: np.ndarray
+    replica_offset: np.ndarray
+    replica_id: np.ndarray
+    replica_segment: np.ndarray
+    replica_refcnt: np.ndarray
+    replica_kind: np.ndarray
+    replica_status: np.ndarray
+
     def __init__(self, capacity: int = 1024, replica_slots: int = 1) -> None:
         capacity = max(16, int(capacity))
         self.capacity = capacity

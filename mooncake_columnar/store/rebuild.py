@@ -7,6 +7,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..errors import SegmentExtentsCorrupt
 from ..kernels import rebuild as rk
 from ..kernels.objects import objects_on_segments
 from .objects import ObjectTable
@@ -32,8 +33,8 @@ class FreeSpace:
 def free_space(o: ObjectTable, segments: SegmentTable, bits: np.ndarray, matched: int,
                on_segment: np.ndarray) -> FreeSpace:
     """Free space of the segments flagged in ``on_segment`` from the memory replicas of the
-    ``matched`` rows in ``bits`` (with their chains). Raises ValueError naming the segment and the
-    extents when two overlap, share an allocation unit or one lies outside its segment."""
+    ``matched`` rows in ``bits`` (with their chains). Raises SegmentExtentsCorrupt naming the
+    segment and the extents when two overlap, share an allocation unit or one lies outside it."""
     capacity, unit_bits = segments.capacity[:on_segment.size], segments.unit_bits[:on_segment.size]
     columns = (o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset, o.replica_more)
     status, fault, *space = rk.free_extents(bits, on_segment, capacity, unit_bits, *columns)
@@ -41,8 +42,8 @@ def free_space(o: ObjectTable, segments: SegmentTable, bits: np.ndarray, matched
         seg, off, size = rk.gather_extents(bits, matched, on_segment, *columns)
         status, fault, *space = rk.free_extents_sorted(seg, off, size, on_segment, capacity, unit_bits)
     if status != rk.OK:
-        raise ValueError(f"segment {segments.info[int(fault[0])].name!r}: "
-                         f"{rk.fault_message(status, fault, unit_bits, capacity)}")
+        raise SegmentExtentsCorrupt(segments.info[int(fault[0])].name,
+                                    rk.fault_message(status, fault, unit_bits, capacity))
     return FreeSpace(*space)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 from numba.typed import List
 
+from ..errors import InvalidParams, SegmentExtentsCorrupt
 from ..kernels import allocation as ak
 from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
@@ -71,19 +72,16 @@ class SegmentTable:
     def codes_of_client(self, client: str) -> list[int]:
         return [c for c, s in enumerate(self.info) if s is not None and s.client == client]
 
-    def mounted_codes(self) -> np.ndarray:
-        return np.array([c for c, s in enumerate(self.info) if s is not None], np.int64)
-
     def code_of_id(self, segment_id: str) -> int:
         return self.by_id.get(segment_id, -1)
 
     def mount(self, seg: Segment, *, readable: bool = True) -> int:
         """Register a segment with one free extent covering it; returns its code. A segment
-        without an id gets a fresh one; an id already mounted raises ValueError."""
+        without an id gets a fresh one; an id already mounted raises InvalidParams."""
         if not seg.segment_id:
             seg = replace(seg, segment_id=self.fresh_id())
         elif seg.segment_id in self.by_id:
-            raise ValueError(f"segment id {seg.segment_id!r} of {seg.name!r} is already mounted as "
+            raise InvalidParams(f"segment id {seg.segment_id!r} of {seg.name!r} is already mounted as "
                              f"{self.info[self.by_id[seg.segment_id]].name!r}")
         code = next((c for c, s in enumerate(self.info) if s is None), len(self.info))
         if code == len(self.info):
@@ -112,11 +110,11 @@ class SegmentTable:
 
     def replace_info(self, code: int, seg: Segment) -> None:
         """Describe mounted segment ``code`` by ``seg`` (same name; a remount may bring the base,
-        and the real segment id and host id); ValueError if another segment holds the id."""
+        and the real segment id and host id); InvalidParams if another segment holds the id."""
         old = self.info[code]
         assert old is not None and old.name == seg.name and seg.segment_id
         if self.by_id.get(seg.segment_id, code) != code:
-            raise ValueError(f"segment id {seg.segment_id!r} is already mounted as "
+            raise InvalidParams(f"segment id {seg.segment_id!r} is already mounted as "
                              f"{self.info[self.by_id[seg.segment_id]].name!r}")
         del self.by_id[old.segment_id]
         self.info[code] = seg
@@ -143,13 +141,15 @@ class SegmentTable:
 
     def rebuild_allocator(self, code: int, offsets: np.ndarray, sizes: np.ndarray) -> None:
         """Replace the allocator of ``code`` by one whose free space is the gaps between the held
-        extents of replicas (offset, object size); ValueError if they overlap or share a unit."""
+        extents of replicas (offset, object size); SegmentExtentsCorrupt if they overlap or share a
+        unit."""
         on = np.zeros(code + 1, np.bool_)
         on[code] = True
         status, fault, starts, lengths, lo, hi, used = rk.free_extents_sorted(
             np.full(len(offsets), code), offsets, sizes, on, self.capacity[:code + 1], self.unit_bits[:code + 1])
         if status != rk.OK:
-            raise ValueError(rk.fault_message(status, fault, self.unit_bits, self.capacity))
+            raise SegmentExtentsCorrupt(self.info[code].name, rk.fault_message(status, fault, self.unit_bits,
+                                                                               self.capacity))
         self.install_allocator(code, starts[lo[code]:hi[code]], lengths[lo[code]:hi[code]], int(used[code]))
 
     def install_allocator(self, code: int, starts: np.ndarray, lengths: np.ndarray, used: int) -> None:

@@ -9,11 +9,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
 from ..errors import ErrorCode as E
-
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
-NS_PER_MS = 1_000_000
 
 PROCESSING, COMPLETE = 2, 3
 

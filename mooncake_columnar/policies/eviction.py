@@ -1,0 +1,245 @@
+"""Eviction policy: watermarks, the two passes, soft-pin fallback, tenant quota, offload hooks.
+
+Upstream BatchEvict semantics with deterministic output: candidates are taken earliest lease
+first (ties by row). Every decision is the shared predicate of ``kernels/predicates.py``; the
+plan is re-validated with it at mutation time and one ``now`` is sampled per cycle.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..clock import INT64_MAX
+from ..kernels import eviction as ek
+from ..store.objects import Chains
+from .offload import offload_instead
+
+if TYPE_CHECKING:
+    from ..master import MasterService
+
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    """What one eviction decision removes, before anything is freed (the oplog hook).
+
+    ``removed[k, j]`` marks replica slot j of row ``chains.rows[k]`` (object ``rows[i]``'s row or
+    a continuation row of it, i = chains.owner[k]) that eviction drops; ``remaining[k, j]`` the
+    slots that stay (PUT_END(remaining) or, when none, REMOVE).
+    """
+
+    rows: np.ndarray
+    chains: Chains
+    removed: np.ndarray
+    remaining: np.ndarray
+
+    @property
+    def erased(self) -> np.ndarray:
+        """Rows left without any replica: the whole object goes."""
+        return self.rows[~self.chains.any(self.remaining)]
+
+    def part(self, lo: int, hi: int) -> "EvictionPlan":
+        """The plan for ``rows[lo:hi]`` (slices: chain rows are grouped by object, in order)."""
+        a, b = np.searchsorted(self.chains.owner, (lo, hi))
+        return EvictionPlan(self.rows[lo:hi], Chains(self.chains.owner[a:b] - lo, self.chains.rows[a:b], hi - lo),
+                            self.removed[a:b], self.remaining[a:b])
+
+    def subset(self, objects: np.ndarray) -> "EvictionPlan":
+        """The plan for ``rows[objects]`` only (a boolean mask or ascending indices)."""
+        take = np.zeros(self.rows.size, np.bool_)
+        take[objects] = True
+        if take.all():
+            return self
+        on = take[self.chains.owner]
+        owner = (np.cumsum(take) - 1)[self.chains.owner[on]]
+        return EvictionPlan(self.rows[take], Chains(owner, self.chains.rows[on], int(take.sum())),
+                            self.removed[on], self.remaining[on])
+
+
+@dataclass(frozen=True)
+class EvictionReport:
+    target: float
+    lower: float
+    base: int
+    evicted_objects: int
+    evicted_bytes: int
+    released_discarded: int
+    skipped_unreadable: int
+    offloads_queued: int
+    duration_s: float
+
+
+def memory_used_ratio(m: "MasterService") -> float:
+    seg = m.store.segments
+    cap = int(seg.capacity[seg.allocatable].sum())
+    return float(seg.used[seg.allocatable].sum()) / cap if cap else 0.0
+
+
+def eviction_targets(m: "MasterService") -> tuple[float, float] | None:
+    """Upstream trigger: (target, lower) when above the high watermark or armed, else None."""
+    cfg = m.config
+    used = memory_used_ratio(m)
+    high = cfg.eviction_high_watermark_ratio
+    if used > high or (m.eviction_armed and cfg.eviction_ratio > 0):
+        target = max(cfg.eviction_ratio, used - high + cfg.eviction_ratio)
+        lower = max(target * 0.5, used - high)
+        return target, lower
+    return None
+
+
+class _Planner:
+    """Accumulates one cycle's planned rows across passes (a row is planned at most once).
+
+    Candidates are census codes (NO_PIN_CANDIDATE, SOFT_PINNED_CANDIDATE); a planned row's code
+    becomes PLANNED (or PLANNED_SOFT, by the fallback), so later passes skip it.
+    """
+
+    def __init__(self, m: "MasterService", now: int, tenant: int = -1) -> None:
+        self.m = m
+        self.now = now
+        o = m.store.objects
+        self.codes, self.counts, skipped = ek.census(
+            now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
+            o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.store.segments.readable,
+            o.replica_more)
+        self.skipped = int(skipped)
+        self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
+                        + self.counts[ek.SOFT_PINNED_CANDIDATE])
+        self.picked: list[np.ndarray] = []  # ascending row sets, while no pass had to walk groups
+        self.count = 0
+        self.freed_bytes = 0
+
+    def take(self, code: int, want: int, allow_soft: bool, want_bytes: int = INT64_MAX) -> int:
+        """Plan up to ``want`` candidates of ``code`` (or ``want_bytes``), earliest lease first."""
+        count = int(self.counts[code])
+        if want <= 0 or count == 0:
+            return 0
+        o = self.m.store.objects
+        mark = ek.PLANNED_SOFT if allow_soft else ek.PLANNED
+        if want_bytes == INT64_MAX and self.picked is not None:
+            # usual case: no group among the earliest candidates, so the plan is exactly that
+            # set, found without listing every candidate or sorting (plan() orders by row)
+            chosen = ek.earliest_coded(self.codes, code, count, o.lease_deadline_ns, want)
+            if not ek.any_grouped(chosen, o.flags):
+                return self._mark(chosen, code, mark)
+        self.picked = None  # from here on plan() lists the rows coded PLANNED*
+        candidates = ek.rows_coded(self.codes, code, o.lease_deadline_ns, None)
+        planned = 0
+        # order a bounded prefix first (upstream's reserve), everything only if churn ate it
+        for k in (want + max(1024, want // 10), candidates.size):
+            ordered = ek.earliest_first(candidates, o.lease_deadline_ns, k)
+            n, freed = ek.plan(ordered, want - planned, want_bytes - self.freed_bytes, self.now, allow_soft,
+                               self.codes, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns, o.group_next,
+                               o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
+                               o.replica_refcnt, self.m.store.segments.readable, o.replica_more)
+            planned += n
+            self.freed_bytes += freed
+            if planned >= want or self.freed_bytes >= want_bytes or k >= candidates.size:
+                break
+        self.count += planned
+        return planned
+
+    def _mark(self, rows: np.ndarray, code: int, mark: int) -> int:
+        self.codes[rows] = mark
+        self.counts[code] -= rows.size
+        self.picked.append(rows)
+        self.count += rows.size
+        return int(rows.size)
+
+    def plan(self) -> EvictionPlan:
+        """Planned rows in row order, re-validated, with the replicas to drop and to keep."""
+        o = self.m.store.objects
+        if self.picked is None:
+            rows = np.flatnonzero(self.codes >= ek.PLANNED)
+        else:
+            rows = np.sort(np.concatenate(self.picked)) if len(self.picked) > 1 else (
+                self.picked[0] if self.picked else np.zeros(0, np.int64))
+        keep = np.empty(rows.size, np.bool_)
+        chains = o.chains(rows)
+        removed = np.empty((chains.rows.size, o.slots), np.bool_)
+        remaining = np.empty((chains.rows.size, o.slots), np.bool_)
+        ek.finalize(rows, self.codes, self.now, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
+                    o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
+                    self.m.store.segments.readable, o.replica_more, keep, chains.owner, chains.rows, removed, remaining)
+        return EvictionPlan(rows, chains, removed, remaining).subset(keep)
+
+
+def first_pass_plan(m: "MasterService", target: float) -> EvictionPlan:
+    """What a first pass at ``target`` would remove, without removing it."""
+    planner = _Planner(m, m.clocks.steady_ns())
+    planner.take(ek.NO_PIN_CANDIDATE, math.ceil(planner.base * target), allow_soft=False)
+    return planner.plan()
+
+
+def batch_evict(m: "MasterService", target: float, lower: float) -> EvictionReport:
+    """Upstream BatchEvict(target, lower) with one ``now``; the caller holds the master lock."""
+    t0 = time.perf_counter()
+    lower = min(lower, target)
+    now = m.clocks.steady_ns()
+    allow_soft = m.config.allow_evict_soft_pinned_objects
+    planner = _Planner(m, now)
+    base, skipped = planner.base, planner.skipped
+    m.metrics.inc("eviction_attempts")
+    m.metrics.inc("eviction_skipped_unreadable_replicas", skipped)
+    if base == 0:
+        m.eviction_armed = False
+        return EvictionReport(target, lower, 0, 0, 0, 0, skipped, 0, time.perf_counter() - t0)
+    nopin, soft = ek.NO_PIN_CANDIDATE, ek.SOFT_PINNED_CANDIDATE
+    planner.take(nopin, math.ceil(base * target), allow_soft=False)          # first pass
+    released = m.store.release_discarded(m.clocks.system_ns() // 1_000_000)
+    second = math.ceil(base * lower) - planner.count - released
+    if second > 0:                                                            # fill to the lower bound
+        got = planner.take(nopin, second, allow_soft=False)
+        if got < second and allow_soft:
+            planner.take(soft, second - got, allow_soft=True)                 # soft-pinned fallback
+    plan = planner.plan()
+    evicted, freed, queued = apply_eviction(m, plan)
+    if evicted or released or queued:
+        m.eviction_armed = False
+        m.metrics.inc("eviction_success")
+    else:
+        m.metrics.inc("eviction_failure")
+    report = EvictionReport(target, lower, int(base), evicted, freed, released, int(skipped), queued,
+                            time.perf_counter() - t0)
+    m.metrics.inc("evicted_objects", evicted)
+    m.metrics.inc("evicted_bytes", freed)
+    m.metrics.set("eviction_duration_seconds", report.duration_s)
+    return report
+
+
+def evict_tenant_for_quota(m: "MasterService", tenant: int, deficit_bytes: int) -> int:
+    """Free at least ``deficit_bytes`` of one tenant's expired objects; returns bytes freed."""
+    now = m.clocks.steady_ns()
+    allow_soft = m.config.allow_evict_soft_pinned_objects
+    planner = _Planner(m, now, tenant)
+    m.metrics.inc("eviction_skipped_unreadable_replicas", planner.skipped)
+    for code, soft in ((ek.NO_PIN_CANDIDATE, False), (ek.SOFT_PINNED_CANDIDATE, True)):
+        if planner.freed_bytes < deficit_bytes and (allow_soft or not soft):
+            planner.take(code, int(planner.counts[code]), allow_soft=soft, want_bytes=deficit_bytes)
+    _, freed, _ = apply_eviction(m, planner.plan())
+    m.metrics.inc("tenant_evicted_bytes", freed, tenant=m.store.tenants.name(tenant))
+    return freed
+
+
+def apply_eviction(m: "MasterService", plan: EvictionPlan) -> tuple[int, int, int]:
+    """Drop planned replicas (offloading instead where configured; with a journal: hidden now,
+    freed once durable, a full window stopping the cycle); returns (objects evicted, bytes
+    freed, offloads queued)."""
+    queued = 0
+    if m.config.enable_offload and m.config.offload_on_evict and plan.rows.size:
+        plan, queued = offload_instead(m, plan)
+    hit = plan.chains.any(plan.removed)
+    if not hit.any():
+        return 0, 0, queued
+    plan = plan.subset(hit)
+    if m.journal is not None:
+        done = m.journal.hide_then_free(plan.rows, plan)
+        if done < plan.rows.size:
+            m.metrics.inc("eviction_oplog_backpressure")
+            plan = plan.part(0, done)
+        o = m.store.objects
+        return int(plan.rows.size), int((o.size_bytes[plan.rows] * plan.chains.count(plan.removed)).sum()), queued
+    return int(plan.rows.size), m.store.drop_planned(plan), queued

@@ -1,0 +1,161 @@
+"""Read-only views of a master's store: object info, replica descriptors (single key and as
+columns for a batch's Arrow table), segment usage."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..kernels import objects as ok
+from ..kernels import predicates as pk
+from ..messages import ObjectInfo, ReplicaDescriptor, SegmentInfo
+from ..metrics import Metrics
+from ..schema import (FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_EMPTY,
+                      ReplicaKind)
+from ..store.metadata import MetadataStore
+from ..validation import _COMPLETE, _KINDS, _STATUSES
+
+
+def object_info(store: MetadataStore, row: int, key: str) -> ObjectInfo:
+    """Deadlines (steady ns), flags and every replica with its readability of the object at ``row``."""
+    o = store.objects
+    f = int(o.flags[row])
+    return ObjectInfo(
+        tenant=store.tenants.name(int(o.tenant[row])), key=key,
+        client=store.clients.name(int(o.client[row])), size=int(o.size_bytes[row]),
+        data_type=int(o.data_type[row]), group_id=store.group_name(row),
+        hard_pinned=bool(f & FLAG_HARD_PINNED), soft_pin_enabled=bool(f & FLAG_SOFT_PIN_ENABLED),
+        lease_deadline_ns=int(o.lease_deadline_ns[row]),
+        soft_pin_deadline_ns=int(o.soft_pin_deadline_ns[row]),
+        processing=bool(f & FLAG_PROCESSING),
+        put_start_time_ms=int(o.put_start_ms(np.array([row]))[0]),
+        replicas=tuple(descriptors(store, row, readable_only=False)),
+        object_checksum=_object_checksum(store, row))
+
+
+def _object_checksum(store: MetadataStore, row: int) -> int | None:
+    o = store.objects
+    i = int(np.searchsorted(o.checksum_rows, row))
+    return int(o.checksum_values[i]) if i < o.checksum_rows.size and o.checksum_rows[i] == row else None
+
+
+def segment_info(store: MetadataStore, metrics: Metrics) -> dict[str, SegmentInfo]:
+    """name -> SegmentInfo of every mounted segment (see MasterService.segment_info)."""
+    s, o = store.segments, store.objects
+    hw = o.high_water
+    memory = pk.memory_replica_mask(o.replica_status[:hw], o.replica_kind[:hw], o.replica_segment[:hw])
+    r, j = np.nonzero(memory)
+    n = len(s.info)
+    d = store.discarded
+    used = (np.bincount(o.replica_segment[r, j], weights=o.size_bytes[r], minlength=n)
+            + np.bincount(d.seg, weights=d.size, minlength=n)).astype(np.int64)
+    out = {}
+    for c, seg in enumerate(s.info):
+        if seg is None:
+            continue
+        out[seg.name] = SegmentInfo(seg.name, seg.segment_id, seg.host_id, seg.endpoint, seg.client, seg.base,
+                                    seg.size, int(used[c]), int(s.used[c]), 1 << int(s.unit_bits[c]),
+                                    bool(s.readable[c]))
+        metrics.set("segment_used_bytes", float(used[c]), segment=seg.name)
+        metrics.set("segment_held_bytes", float(s.used[c]), segment=seg.name)
+    return out
+
+
+def descriptors(store: MetadataStore, row: int, *, readable_only: bool) -> list[ReplicaDescriptor]:
+    """Replica descriptors of the object at ``row`` (its row, then its continuation rows)."""
+    # on the single-key read path: plain lists and tuple lookups, no per-slot NumPy scalars
+    out: list[ReplicaDescriptor] = []
+    more = store.objects.replica_more
+    while row >= 0:  # the object's row, then its continuation rows (kernels/chains.py)
+        _row_descriptors(store, row, readable_only, out)
+        row = int(more[row]) if row < more.size else -1
+    return out
+
+
+def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: list[ReplicaDescriptor]) -> None:
+    o = store.objects
+    statuses = o.replica_status[row].tolist()
+    seg_codes = o.replica_segment[row].tolist()
+    readable_mask = store.segments.readable
+    for j, st in enumerate(statuses):
+        if st == 0:
+            continue
+        code = seg_codes[j]
+        kind = _KINDS[o.replica_kind[row, j]]
+        if kind != ReplicaKind.MEMORY:  # LOCAL_DISK: the segment column holds the owner client
+            if st == _COMPLETE or not readable_only:
+                out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], "",
+                                             store.clients.name(code), 0, int(o.size_bytes[row]),
+                                             st == _COMPLETE))
+            continue
+        readable = bool(pk.readable_replica(st, kind, code, readable_mask))
+        if readable_only and not readable:
+            continue
+        seg = store.segments.info[code]
+        out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], seg.name, seg.endpoint,
+                                     seg.base + int(o.replica_offset[row, j]), int(o.size_bytes[row]),
+                                     readable))
+
+
+def replica_columns(store: MetadataStore, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
+                    codes: np.ndarray | None = None) -> "ReplicaColumns":
+    """Flat replica descriptors of rows[batch_idx] (readable ones only, or all slots in use),
+    as NumPy gathers under the master lock; :func:`replica_table` builds the Arrow table
+    from them later, outside it."""
+    o = store.objects
+    if codes is None:
+        codes = np.zeros(rows.size, np.int32)
+    sel = np.zeros(rows.size, np.int32) - 1
+    sel[batch_idx] = codes[batch_idx]
+    if readable_only:
+        ki, r, j = ok.readable_slots(rows, sel, o.replica_status, o.replica_kind, o.replica_segment,
+                                     store.segments.readable, o.replica_more)
+    else:
+        chains = o.chains(rows[batch_idx])
+        ri, j = np.nonzero(o.replica_status[chains.rows] != ST_EMPTY)
+        ki, r = batch_idx[chains.owner[ri]], chains.rows[ri]
+    # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
+    infos = store.segments.info
+    seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(infos))
+    names = [s.name if s else "" for s in infos] + [""]
+    endpoints = [s.endpoint if s else "" for s in infos] + [""]
+    bases = np.array([s.base if s else 0 for s in infos] + [0], np.int64)
+    return ReplicaColumns(ki, o.replica_id[r, j], seg_codes, names, endpoints,
+                          bases[seg_codes] + o.replica_offset[r, j], o.size_bytes[r])
+
+
+@dataclass(frozen=True)
+class ReplicaColumns:
+    """Replica descriptors gathered under the lock: the columns of a replica table, segments
+    as codes into the ``names``/``endpoints`` of that moment."""
+
+    key_index: np.ndarray
+    replica_id: np.ndarray
+    segment_code: np.ndarray
+    names: list[str]
+    endpoints: list[str]
+    address: np.ndarray
+    size: np.ndarray
+
+
+def replica_table(parts: list[tuple[int, ReplicaColumns]]) -> pa.Table:
+    """One replica table from chunks' columns, ``key_index`` counted from the start of the
+    whole batch (each part: the batch position of its first key, its columns)."""
+    names: list[str] = []
+    endpoints: list[str] = []
+    codes = []
+    for _, c in parts:  # per chunk, not per replica: segment codes into one joined name list
+        codes.append(c.segment_code + len(names))
+        names += c.names
+        endpoints += c.endpoints
+    joined = pa.array(np.concatenate(codes) if codes else np.empty(0, np.int64))
+    return pa.table({
+        "key_index": np.concatenate([c.key_index + lo for lo, c in parts]),
+        "replica_id": np.concatenate([c.replica_id for _, c in parts]),
+        "segment": pa.array(names, pa.string()).take(joined),
+        "endpoint": pa.array(endpoints, pa.string()).take(joined),
+        "address": np.concatenate([c.address for _, c in parts]),
+        "size": np.concatenate([c.size for _, c in parts]),
+    })
+

@@ -1,0 +1,268 @@
+"""MetadataStore: every column and table a master holds, and the primitives that change them.
+
+The one place that allocates, frees and erases: the service, its policies, the journal, standby
+apply, Arrow I/O and the integrity checks use this public API (the caller holds the master lock).
+No policy here: what to erase, evict or refuse is decided by the callers.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+
+from ..errors import EngineInvariantError
+from ..kernels import allocation as ak
+from ..kernels import objects as ok
+from ..kernels.erase_guard import first_not_erasable
+from ..schema import FLAG_GROUPED, KIND_MEMORY, ST_EMPTY, ST_PROCESSING, ReplicaKind, ReplicaStatus
+from ..validation import _require_str
+from .discarded import DiscardedExtents
+from .inflight import InflightTable
+from .keys import KeyIndex
+from .ledger import TenantLedger
+from .objects import ObjectTable
+from .offloads import OffloadQueue
+from .segments import SegmentTable
+from .strings import StringDictionary
+
+if TYPE_CHECKING:
+    from ..policies.eviction import EvictionPlan
+
+_REMOVED = int(ReplicaStatus.REMOVED)
+
+
+class MetadataStore:
+    """Objects (columns, key index, in-flight puts), segments, dictionaries, groups, the tenant
+    ledger, queued offloads and discarded extents of one master."""
+
+    def __init__(self, initial_capacity: int = 1024, *, ledger_on: bool = False,
+                 offload_limit: int = 0) -> None:
+        self.objects = ObjectTable(initial_capacity)
+        self.keys = KeyIndex(self.objects, initial_capacity)
+        self.inflight = InflightTable()
+        self.segments = SegmentTable()
+        self.tenants = StringDictionary()
+        self.clients = StringDictionary()
+        self.groups = StringDictionary()           # "tenant\0group" -> code (groups are tenant-scoped)
+        self.group_names: list[str] = []           # code -> group name (without its tenant)
+        self.group_head = np.full(16, -1, np.int64)
+        self.next_replica_id = 1
+        self.ledger = TenantLedger()               # kept only when ledger_on (multi-tenant quotas)
+        self.ledger_on = ledger_on
+        self.offloads = OffloadQueue(offload_limit)
+        self.discarded = DiscardedExtents()
+
+    # ---- lookups ------------------------------------------------------------------------------
+    def lookup(self, offsets: np.ndarray, data: np.ndarray, tenant_id: str) -> np.ndarray:
+        """Rows of the keys (``offsets``/``data`` buffers) of one tenant; -1 where absent."""
+        tenant = self.tenants.find(_require_str("tenant_id", tenant_id))
+        n = offsets.size - 1
+        if tenant < 0:
+            return np.full(n, -1, np.int64)
+        return self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))
+
+    def tenant_rows(self, tenant_id: str | None) -> np.ndarray:
+        """Live rows, of one tenant when ``tenant_id`` is given."""
+        rows = self.objects.live_rows()
+        if tenant_id is None:
+            return rows
+        return rows[self.objects.tenant[rows] == self.tenants.find(_require_str("tenant_id", tenant_id))]
+
+    def group_code(self, tenant: str, group: str) -> int:
+        """The code of ``group`` of ``tenant``, made (and the heads grown) on first use."""
+        code = self.groups.code(f"{tenant}\0{group}")
+        if code == len(self.group_names):
+            self.group_names.append(group)
+        if code >= self.group_head.size:
+            grown = np.full(2 * self.group_head.size, -1, np.int64)
+            grown[: self.group_head.size] = self.group_head
+            self.group_head = grown
+        return code
+
+    def group_name(self, row: int) -> str:
+        """The group name of the object at ``row`` ("" when ungrouped)."""
+        o = self.objects
+        return self.group_names[int(o.group[row])] if o.flags[row] & FLAG_GROUPED else ""
+
+    # ---- tenant ledger --------------------------------------------------------------------------
+    def charge(self, rows: np.ndarray, sign: int) -> None:
+        """Add (+1) or take off (-1) the memory ``rows`` hold now to their tenants' ledger."""
+        if self.ledger_on:
+            self.ledger.charge(self.objects, rows, sign)
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def insert_puts(self, picks: np.ndarray, offsets: np.ndarray, data: np.ndarray, tenant: int,
+                    sizes: np.ndarray, width: int, preferred: np.ndarray, codes: np.ndarray,
+                    rows_out: np.ndarray) -> np.ndarray:
+        """Insert the keys ``picks`` (positions into ``offsets``) with ``width`` PROCESSING
+        replicas each: rows taken, keys indexed, extents allocated, ids given. Per key, the row
+        (``rows_out``) or the refusal (``codes``); returns the new rows, in key order."""
+        o, seg = self.objects, self.segments
+        free_rows = o.take_rows(picks.size)
+        self.keys.reserve(picks.size, int((offsets[picks + 1] - offsets[picks]).sum()))
+        extra = np.empty((4, picks.size * max(0, width - o.slots)), np.int64)  # a wide put's other replicas
+        used, arena_used, self.next_replica_id, n_extra = ok.insert_new_puts(
+            picks, offsets, data, tenant, sizes, width, preferred, free_rows,
+            self.keys.table, self.keys.arena, self.keys.arena_used, o.key_ref, o.tenant,
+            seg.allocatable, seg.capacity, seg.unit_bits, seg.used,
+            seg.extent_starts, seg.extent_lengths, seg.extent_counts,
+            o.replica_segment, o.replica_offset, o.replica_status, o.replica_kind, o.replica_id,
+            self.next_replica_id, codes, rows_out, *extra)
+        o.release_rows(free_rows[used:])
+        self.keys.note_inserted(int(used), int(arena_used))
+        new = free_rows[:used]
+        o.size_bytes[new] = sizes[picks[codes[picks] == 0]]
+        if n_extra:
+            self.place_extra_replicas(extra[:, :n_extra])
+        return new
+
+    def place_extra_replicas(self, extra: np.ndarray) -> None:
+        """Write the replicas a wide put placed beyond its row's slots into continuation rows;
+        ``extra`` rows: object row, segment, offset, replica id (grouped by object, in order)."""
+        o = self.objects
+        owners, counts = np.unique(extra[0], return_counts=True)
+        order = np.argsort(extra[0], kind="stable")
+        rows, slots = o.extra_slots(owners, counts)
+        o.replica_segment[rows, slots] = extra[1, order]
+        o.replica_offset[rows, slots] = extra[2, order]
+        o.replica_id[rows, slots] = extra[3, order].astype(np.uint64)
+        o.replica_status[rows, slots] = int(ST_PROCESSING)
+        o.replica_kind[rows, slots] = int(ReplicaKind.MEMORY)
+
+    def complete_puts(self, rows: np.ndarray, client_code: int, now_ns: int, codes: np.ndarray) -> None:
+        """PROCESSING -> COMPLETE for ``rows`` of ``client_code`` (codes pre-filled, written in place)."""
+        o = self.objects
+        released = np.full(rows.size, -1, np.int64)
+        found = rows[rows >= 0]
+        self.charge(found, -1)
+        ok.complete_puts(rows, client_code, now_ns, codes, o.flags, o.client,
+                         o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status,
+                         o.inflight, self.inflight.pending_soft_pin_ttl_ns, released, o.replica_more)
+        self.inflight.release(released)
+        self.charge(found, +1)
+
+    # ---- freeing --------------------------------------------------------------------------------
+    def clear_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
+        """Clear replica slots and free their memory extents in one merged pass; returns bytes."""
+        o, seg = self.objects, self.segments
+        segs, offs, lens, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes, o.replica_status,
+                                                   o.replica_kind, o.replica_segment, o.replica_offset)
+        ak.free_extent_list(segs, offs, lens, seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used,
+                            seg.unit_bits, seg.capacity)
+        return int(dropped)
+
+    def drop_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
+        """:meth:`clear_slots` keeping the tenant ledger; returns bytes."""
+        if rows.size == 0:
+            return 0
+        touched = np.unique(self.objects.owners(rows)) if self.ledger_on else rows[:0]  # only the ledger needs them
+        self.charge(touched, -1)
+        dropped = self.clear_slots(rows, slots)
+        self.charge(touched, +1)
+        return dropped
+
+    def erase_rows(self, rows: np.ndarray, *, charged: bool = True, slots_cleared: bool = False) -> None:
+        """The one erase primitive: every path that drops objects comes here. Refuses (typed,
+        nothing changed) a row that is not live or is named twice; then frees the memory
+        extents, unlinks groups and keys, cancels offloads, frees in-flight slots and recycles
+        the rows. ``charged=False``: the caller already took them off the tenant ledger;
+        ``slots_cleared``: the rows hold no replica any more (nothing to free)."""
+        rows = np.asarray(rows, np.int64)
+        if rows.size == 0:
+            return
+        o = self.objects
+        bad = int(first_not_erasable(rows, o.flags))
+        if bad >= 0:  # refuse before anything changes: a stale or repeated row handle
+            raise EngineInvariantError("erase_not_live", f"row {int(rows[bad])} is not a distinct live object")
+        if charged:
+            self.charge(rows, -1)
+        if len(self.offloads):
+            self.offloads.keep(~np.isin(self.offloads.rows, rows))
+        if not slots_cleared:
+            chain = o.chains(rows).rows
+            r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
+            self.clear_slots(chain[r_idx], slot)
+        ok.unlink_group_members(rows, self.group_head, o.group_next, o.group, o.flags)
+        self.inflight.release(o.inflight[rows])
+        self.keys.remove(rows)
+        o.release_rows(rows)
+
+    def erase_emptied(self, rows: np.ndarray) -> np.ndarray:
+        """Erase the objects of ``rows`` left without any replica; returns them."""
+        o = self.objects
+        chains = o.chains(rows)
+        gone = rows[~chains.any(o.replica_status[chains.rows] != ST_EMPTY)]
+        self.erase_rows(gone)
+        return gone
+
+    def drop_planned(self, plan: "EvictionPlan") -> int:
+        """Drop the replicas an eviction plan removes and erase the objects left without any;
+        returns bytes freed."""
+        o = self.objects
+        r_idx, slot = np.nonzero(plan.removed)
+        freed = self.drop_slots(plan.chains.rows[r_idx], slot)
+        emptied = ~plan.chains.any(o.replica_status[plan.chains.rows] != ST_EMPTY)
+        self.erase_rows(plan.rows[emptied], slots_cleared=True)
+        return freed
+
+    def finalize_removed(self, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Free the REMOVED slots whose replica ids still match (``rows``: objects' rows or their
+        continuation rows, which may have been recycled since); erase objects left without
+        replicas. Returns the rows erased."""
+        o = self.objects
+        status = o.replica_status[rows]
+        match = (ids != 0) & (o.replica_id[rows] == ids) & (status == _REMOVED)
+        r_idx, slot = np.nonzero(match)
+        self.drop_slots(rows[r_idx], slot)
+        return self.erase_emptied(np.unique(o.owners(rows[match.any(axis=1)])))
+
+    def unmount_segment(self, code: int) -> None:
+        """Unmount segment ``code``: its replicas are dropped (the allocator goes with it, nothing
+        on it is freed), objects left without replicas erased, its discarded extents forgotten."""
+        o = self.objects
+        self.segments.allocatable[code] = False
+        on_seg = (np.unique(o.owners(np.flatnonzero(o.memory_slots_on(code).any(axis=1))))
+                  if self.ledger_on else None)
+        if on_seg is not None:
+            self.charge(on_seg, -1)
+        emptied = ok.drop_slots_on_segment(code, o.high_water, o.flags, o.replica_segment,
+                                           o.replica_status, o.replica_kind, o.replica_more)
+        if on_seg is not None:
+            self.charge(np.setdiff1d(on_seg, emptied), +1)
+        self.erase_rows(emptied, charged=False)
+        self.discarded.keep(self.discarded.seg != code)
+        self.segments.unmount(code)
+
+    def unmount_segments(self, codes: Iterable[int]) -> None:
+        """:meth:`unmount_segment` for each of ``codes``."""
+        for code in codes:
+            self.unmount_segment(code)
+
+    # ---- discarded puts -------------------------------------------------------------------------
+    def discard_puts(self, rows: np.ndarray, release_after_ms: int) -> None:
+        """Abandoned puts: their PROCESSING memory replicas keep their space until put start +
+        ``release_after_ms``; the objects are erased now."""
+        if rows.size == 0:
+            return
+        o = self.objects
+        self.charge(rows, -1)
+        chains = o.chains(rows)
+        st = o.replica_status[chains.rows]
+        r_idx, slot = np.nonzero((st == int(ST_PROCESSING)) & (o.replica_kind[chains.rows] == int(KIND_MEMORY)))
+        held = chains.rows[r_idx]  # the object's row or a continuation row (which carries the size)
+        self.discarded.add(o.replica_segment[held, slot], o.replica_offset[held, slot], o.size_bytes[held],
+                           o.put_start_ms(rows[chains.owner[r_idx]]) + release_after_ms)
+        o.replica_status[held, slot] = int(ReplicaStatus.UNDEFINED)  # not freed by the erase below
+        self.erase_rows(rows, charged=False)
+
+    def release_discarded(self, now_ms: int) -> int:
+        """Free discarded extents whose release time came; returns how many were released."""
+        d = self.discarded
+        due = d.release_ms <= now_ms
+        if not due.any():
+            return 0
+        seg = self.segments
+        ak.free_extent_list(d.seg[due], d.off[due], d.size[due], seg.extent_starts, seg.extent_lengths,
+                            seg.extent_counts, seg.used, seg.unit_bits, seg.capacity)
+        d.keep(~due)
+        return int(due.sum())

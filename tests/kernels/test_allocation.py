@@ -1,0 +1,62 @@
+"""Batch frees of the extent allocator: any order of the same extents gives the same free list."""
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from mooncake_columnar.kernels import allocation as ak
+from mooncake_columnar.store.segments import Segment, SegmentTable
+
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
+
+
+def _allocated(sizes: list[int], segments: int) -> tuple[SegmentTable, np.ndarray, np.ndarray, np.ndarray]:
+    table = SegmentTable()
+    for s in range(segments):
+        table.mount(Segment(f"seg{s}", f"ep{s}", "c", 0, 1 << 20))
+    segs, offs = [], []
+    for i, size in enumerate(sizes):
+        s = i % segments
+        segs.append(s)
+        offs.append(ak.alloc_first_fit(table.extent_starts, table.extent_lengths, table.extent_counts,
+                                       table.unit_bits, table.capacity, s, size))
+        table.used[s] += size
+    return table, np.array(segs, np.int64), np.array(offs, np.int64), np.array(sizes, np.int64)
+
+
+def _free_list(table: SegmentTable, s: int) -> list[tuple[int, int]]:
+    n = int(table.extent_counts[s])
+    return list(zip(table.extent_starts[s][:n].tolist(), table.extent_lengths[s][:n].tolist()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 4096), min_size=1, max_size=60), segments=st.integers(1, 3),
+       data=st.data())
+def test_batch_free_in_any_order_matches_ascending_order(sizes, segments, data):
+    """Extents listed in row order (offsets ascending per segment: the counting-sort path) and
+    shuffled (the comparison-sort path) free to identical, fully coalesced free lists."""
+    picks = data.draw(st.lists(st.integers(0, len(sizes) - 1), unique=True, min_size=1))
+    results = []
+    for shuffle in (False, True):
+        table, segs, offs, lens = _allocated(sizes, segments)
+        order = np.array(picks) if shuffle else np.sort(picks)
+        assert ak.free_extent_list(segs[order], offs[order], lens[order], table.extent_starts,
+                                   table.extent_lengths, table.extent_counts, table.used,
+                                   table.unit_bits, table.capacity) == 0
+        results.append(([_free_list(table, s) for s in range(segments)], table.used[:segments].tolist()))
+    assert results[0] == results[1]
+    # freeing everything that is left restores one extent per segment
+    table, segs, offs, lens = _allocated(sizes, segments)
+    ak.free_extent_list(segs, offs, lens, table.extent_starts, table.extent_lengths, table.extent_counts, table.used,
+                        table.unit_bits, table.capacity)
+    assert [_free_list(table, s) for s in range(segments)] == [[(0, 1 << 20)]] * segments
+
+
+def test_double_free_is_rejected_not_merged():
+    table, segs, offs, lens = _allocated([100, 200], 1)
+    again = np.array([0, 0], np.int64)
+    bad = ak.free_extent_list(segs[again], offs[again], lens[again], table.extent_starts, table.extent_lengths,
+                              table.extent_counts, table.used, table.unit_bits, table.capacity)
+    assert bad == 2 and table.used[0] == 300

@@ -1,0 +1,129 @@
+"""Property tests: the eviction kernels against a slow, obviously-correct NumPy version."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from mooncake_columnar.kernels import eviction as ek
+from mooncake_columnar.schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
+                                      ST_COMPLETE)
+
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
+
+I64 = st.sampled_from([-(2**63), -1, 0, 1, 99, 100, 101, 2**63 - 1]) | st.integers(-(2**63), 2**63 - 1)
+
+
+@st.composite
+def tables(draw):
+    n = draw(st.integers(0, 40))
+    slots = draw(st.integers(1, 3))
+    flags = np.array(draw(st.lists(st.sampled_from([0, 1, 3, 5, 7, 1 | 4]), min_size=n, max_size=n)), np.uint8)
+    lease = np.array(draw(st.lists(I64, min_size=n, max_size=n)), np.int64)
+    soft = np.array(draw(st.lists(I64, min_size=n, max_size=n)), np.int64)
+    cells = n * slots
+    status = np.array(draw(st.lists(st.sampled_from([0, 2, 3, 4]), min_size=cells, max_size=cells)), np.uint8)
+    kind = np.array(draw(st.lists(st.sampled_from([0, 0, 2]), min_size=cells, max_size=cells)), np.uint8)
+    seg = np.array(draw(st.lists(st.integers(-1, 2), min_size=cells, max_size=cells)), np.int32)
+    refcnt = np.array(draw(st.lists(st.sampled_from([0, 0, 1]), min_size=cells, max_size=cells)), np.uint16)
+    readable = np.array(draw(st.lists(st.booleans(), min_size=3, max_size=3)), np.bool_)
+    now = draw(st.sampled_from([0, 100, -(2**63) + 1, 2**63 - 2]))
+    return (now, flags, lease, soft, status.reshape(n, slots), kind.reshape(n, slots),
+            seg.reshape(n, slots), refcnt.reshape(n, slots), readable)
+
+
+def slow_census(now, allow_soft, flags, lease, soft, status, kind, seg, refcnt, readable):
+    seg_ok = np.where(seg >= 0, readable[np.maximum(seg, 0)], False)
+    evictable = (kind == int(KIND_MEMORY)) & (status == int(ST_COMPLETE)) & (refcnt == 0) & seg_ok
+    live = (flags & FLAG_LIVE) != 0
+    hard = (flags & FLAG_HARD_PINNED) != 0
+    has = evictable.any(axis=1)
+    in_base = live & ~hard & has
+    expired = now >= lease
+    soft_active = ((flags & FLAG_SOFT_PIN_ENABLED) != 0) & (now < soft)
+    nopin = np.flatnonzero(in_base & expired & ~soft_active)
+    softs = np.flatnonzero(in_base & expired & soft_active) if allow_soft else np.zeros(0, np.int64)
+    return int(in_base.sum()), nopin, softs
+
+
+@settings(max_examples=300, deadline=None)
+@given(t=tables(), allow_soft=st.booleans(), k=st.integers(0, 50))
+def test_census_and_selection_match_slow_numpy(t, allow_soft, k):
+    now, flags, lease, soft, status, kind, seg, refcnt, readable = t
+    n = flags.size
+    codes, counts, _ = ek.census(now, n, np.zeros(n, np.int32), -1, flags, lease, soft,
+                                 status, kind, seg, refcnt, readable, np.empty(0, np.int32))  # no chains
+    base = counts[ek.IN_BASE] + counts[ek.NO_PIN_CANDIDATE] + counts[ek.SOFT_PINNED_CANDIDATE]
+    nopin = ek.rows_coded(codes, ek.NO_PIN_CANDIDATE, lease, None)
+    softs = ek.rows_coded(codes, ek.SOFT_PINNED_CANDIDATE, lease, None) if allow_soft else nopin[:0]
+    want = slow_census(now, allow_soft, flags, lease, soft, status, kind, seg, refcnt, readable)
+    assert base == want[0]
+    assert nopin.tolist() == want[1].tolist() and softs.tolist() == want[2].tolist()
+    assert counts[ek.NO_PIN_CANDIDATE] == nopin.size and counts.sum() == n
+    chosen = ek.earliest_first(nopin, lease, k)
+    expect = sorted(nopin.tolist(), key=lambda r: (lease[r], r))[:k]
+    assert chosen.tolist() == expect
+    unsorted = ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, nopin.size, lease, k)
+    assert unsorted.tolist() == sorted(expect)
+
+
+def _and_operands(node):
+    """The operands of an ``&`` / ``and`` chain (nested chains flattened)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
+        return _and_operands(node.left) + _and_operands(node.right)
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+        return [o for v in node.values for o in _and_operands(v)]
+    return [node]
+
+
+def test_only_predicates_module_tests_pin_bits_or_compares_deadlines():
+    """One predicate, one place, package-wide: nothing compares a lease or soft-pin deadline with
+    the clock, derives a replica's readability or tests "memory replica on a segment" itself; it
+    calls kernels.predicates (leases.py owns the grant rules: max-update and the group refresh
+    threshold; testing/reference.py is the independent model the tests compare the engine with).
+    Kernels also leave every flag bit test to it."""
+    package = pathlib.Path(ek.__file__).parent.parent
+    memory_kind = ("KIND_MEMORY", "_MEM", "_MEMORY", "ReplicaKind.MEMORY")
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        if name in ("kernels/predicates.py", "kernels/leases.py", "testing/reference.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        if name.startswith("kernels/"):
+            names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            assert not names & {"FLAG_HARD_PINNED", "FLAG_SOFT_PIN_ENABLED", "_HARD", "_SOFT_ENABLED"}, name
+            bit_tests = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.BinOp)  # not `& ~bit`
+                         and isinstance(n.op, ast.BitAnd) and "flags" in ast.unparse(n.left)
+                         and not isinstance(n.right, ast.UnaryOp)]
+            assert not bit_tests, f"{name} tests flag bits itself: {bit_tests}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                text = ast.unparse(node)
+                assert not (re.search(r"(?<![a-z])lease", text) and "now" in text), f"{name}: {text}"
+                assert "soft_deadline" not in text, f"{name}: {text}"
+            operands = [ast.unparse(o) for o in _and_operands(node)]
+            if len(operands) > 1:
+                text = ast.unparse(node)
+                assert not ("readable" in text and "complete" in text.lower()), f"{name} derives readability: {text}"
+                compares = [t for o, t in zip(_and_operands(node), operands) if isinstance(o, ast.Compare)]
+                assert not (any(k in t for t in compares for k in memory_kind)
+                            and any("seg" in t for t in compares)), f"{name} tests memory-on-segment: {text}"
+
+
+def test_sampled_selection_matches_full_sort():
+    rng = np.random.default_rng(3)
+    n = 600_000
+    lease = rng.integers(-(2**62), 2**62, n)
+    lease[rng.integers(0, n, 50_000)] = 7  # many ties
+    rows = np.flatnonzero(rng.random(n) < 0.9)
+    codes = np.zeros(n, np.uint8)
+    codes[rows] = ek.NO_PIN_CANDIDATE
+    for k in (1, 1000, 60_000, 100_000):
+        expect = rows[np.lexsort((rows, lease[rows]))][:k]
+        assert np.array_equal(ek.earliest_first(rows, lease, k), expect)
+        assert np.array_equal(ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, rows.size, lease, k), np.sort(expect))

@@ -1,0 +1,32 @@
+"""Kernels compile before a master serves: after warm_up_kernels, no serving path compiles."""
+from __future__ import annotations
+
+import sys
+
+import numba
+
+from mooncake_columnar.warmup import warm_up_kernels
+
+
+def _compiled_signatures() -> dict[tuple[str, str], int]:
+    from numba.core.registry import CPUDispatcher
+    return {(name, attr): len(obj.signatures)
+            for name, mod in list(sys.modules.items()) if name.startswith("mooncake_columnar")
+            for attr, obj in list(vars(mod).items()) if isinstance(obj, CPUDispatcher)}
+
+
+def test_after_warmup_a_failover_with_remounts_compiles_no_kernel(capsys):
+    from mooncake_columnar.tools.demo import run_demo
+    warm_up_kernels()
+    before = _compiled_signatures()
+    assert before and numba.config.DISABLE_JIT == 0
+    run_demo(objects=3_000)  # journal, standby, promotion, remounts, eviction: other sizes than warmup's
+    after = _compiled_signatures()
+    compiled = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert not compiled, f"compiled on the serving path after warmup: {compiled}"
+    assert "visible" in capsys.readouterr().out
+
+
+def test_warmup_runs_once_per_process():
+    warm_up_kernels()
+    assert warm_up_kernels() == 0.0
