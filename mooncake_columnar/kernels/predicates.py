@@ -236,5 +236,5 @@ def lease_expired_mask(lease_deadline: np.ndarray, now: int) -> np.ndarray:
 
 
 # The scalar predicates as plain Python, for single-key paths outside kernels (calling a jitted
-# function from Python costs more than the test itself).
-readable_replica = is_readable_replica.py_func
+# function from Python costs more than the test itself; with the JIT off it is plain already).
+readable_replica = getattr(is_readable_replica, "py_func", is_readable_replica)
