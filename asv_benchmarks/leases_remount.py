@@ -2,9 +2,9 @@
 ``mooncake-columnar bench remount``.
 
 One segment holds all ``objects`` objects: the RFC's worst case (nearly 1e8 objects per segment).
-Every sample remounts a fresh promoted master rebuilt in ``setup`` from a cached promoted state
-(``MasterService.from_state``; a remount publishes the segment, so it cannot be repeated on the
-same master). Budget at 1e8 objects (ARCHITECTURE.md section 7): match + assign <= 0.5 s and
+Every sample remounts a fresh promoted master built in ``setup`` by the real promotion
+(``ha.standby.promoted_master``) from a cached filled master (a remount publishes the segment, so
+it cannot be repeated on the same master). Budget at 1e8 objects (ARCHITECTURE.md section 7): match + assign <= 0.5 s and
 <= 3x a same-run NumPy copy of the lease column; visible window >= 9.9 s at 1e7 with a 10 s TTL.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from mooncake_columnar.clock import MonotonicClocks
+from mooncake_columnar.ha.standby import promoted_master
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.policies.recovery import RemountReport
-from mooncake_columnar.snapshots.state import SnapshotState
-from mooncake_columnar.tools.synthetic import promoted_master, segment_request
+from mooncake_columnar.tools.synthetic import build_master, segment_request
 
 from ._common import FreshMasterBenchmark, best_seconds
 
@@ -23,14 +23,14 @@ SEGMENTS = 1
 CLIENT = "client-0"
 WARMUP_OBJECTS = 1024
 
-_STATES: dict[int, SnapshotState] = {}
+_FILLED: dict[int, MasterService] = {}
 
 
 def promoted(objects: int) -> MasterService:
     """A freshly promoted master (every segment unreadable, leases NEVER_LEASED), real clocks."""
-    if objects not in _STATES:
-        _STATES[objects] = promoted_master(objects, segments=SEGMENTS).export_state()
-    return MasterService.from_state(_STATES[objects], clocks=MonotonicClocks(), segments_readable=False)
+    if objects not in _FILLED:
+        _FILLED[objects] = build_master(objects, segments=SEGMENTS)
+    return promoted_master(_FILLED[objects], clocks=MonotonicClocks())
 
 
 def remount(m: MasterService) -> RemountReport:

@@ -447,7 +447,7 @@ class SegmentExtentsCorrupt(EngineInvariantError, ValueError):
     nothing. ``segment`` names it. (Also a ValueError, which the remount raised before.)"""
 
     def __init__(self, segment: str, message: str):
-        self.segment = segment
+        self.segment, self.detail = segment, message
         super().__init__("segment_extents", f"segment {segment!r}: {message}")
 
 

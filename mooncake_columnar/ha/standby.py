@@ -143,6 +143,16 @@ def master_of_standby(snap: StandbySnapshot, *, config: MasterConfig | None = No
     return master
 
 
+def promoted_master(container: MasterService, *, config: MasterConfig | None = None,
+                    clocks: Clocks) -> MasterService:
+    """The serving master a promotion builds from ``container``'s state (RFC Phase 1): every
+    lease NEVER_LEASED, no soft-pin interval, nothing in flight, every memory segment unreadable
+    until its client remounts (no deadline is carried over). Any master whose puts all ended
+    serves as ``container`` (benches promote one they filled directly)."""
+    state = state_of_standby(standby_snapshot_of(container, 0))
+    return MasterService.from_state(state, config=config, clocks=clocks, segments_readable=False)
+
+
 # --- the service ------------------------------------------------------------------------------------
 
 
@@ -403,8 +413,7 @@ class StandbyService:
             durable = self.store.durable_prefix()
             if self.applied_sequence_id != durable:
                 raise IncompleteOpLogCatchUp(f"applied {self.applied_sequence_id} but the durable prefix is {durable}")
-            state = state_of_standby(standby_snapshot_of(self._master, self.applied_sequence_id))
-            promoted = MasterService.from_state(state, config=self.config, clocks=clocks, segments_readable=False)
+            promoted = promoted_master(self._master, config=self.config, clocks=clocks)
             self._master.standby_replica_ids = None  # the container is done following: drop its index
             self._promoted = True
             self.producer_view = claim
@@ -412,5 +421,5 @@ class StandbyService:
             promoted.attach_journal(OpLogWriter(self.store, window=journal_window, clocks=clocks))
         self.metrics.inc("standby_promotions")
         log.info("standby promoted at sequence %d with producer view %d (%d objects, every segment "
-                 "unreadable until remount)", durable, claim, state.objects.num_rows)
+                 "unreadable until remount)", durable, claim, promoted.objects.live_count)
         return promoted

@@ -8,6 +8,7 @@ from numba import njit
 
 from ..clock import INT64_MAX
 from ..kernels import allocation as ak
+from ..kernels.predicates import memory_replica_on_mask
 
 from .report import _MEM, _ST_EMPTY, _fail, _row_name, _seg_name
 
@@ -374,7 +375,7 @@ def _rows_at(m: "MasterService", code: int, at: int) -> np.ndarray:
     hw = o.high_water
     seg, off = o.replica_segment[:hw], o.replica_offset[:hw]
     end = off + o.size_bytes[:hw, None]
-    on = (o.replica_status[:hw] != _ST_EMPTY) & (o.replica_kind[:hw] == _MEM) & (seg == code)
+    on = memory_replica_on_mask(o.replica_status[:hw], o.replica_kind[:hw], seg, code)
     hit = on & (off <= at) & (end > at)
     if not hit.any():  # the extent starting there may cover only its rounded-up unit
         hit = on & (off <= at) & (ak.held_end(off, np.broadcast_to(o.size_bytes[:hw, None], off.shape),

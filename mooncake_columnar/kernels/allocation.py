@@ -153,7 +153,7 @@ def _free_sorted(segs, offsets, sizes, starts, lengths, counts, used, unit_bits,
 
 
 @njit(cache=True, nogil=True)
-def _by_segment(segs, offsets, sizes, n_segments):
+def by_segment(segs, offsets, sizes, n_segments):
     """Stable counting sort of extents by segment; also says whether the offsets then ascend
     within every segment (extents listed in row order usually do: rows are allocated in offset
     order by bulk loads and restores), in which case no comparison sort is needed."""
@@ -180,7 +180,7 @@ def _by_segment(segs, offsets, sizes, n_segments):
     return out_seg, out_off, out_len, ascending
 
 
-_by_segment_small = variant(_by_segment, "_small", nogil=False)
+_by_segment_small = variant(by_segment, "_small", nogil=False)
 _free_sorted_small = variant(_free_sorted, "_small", nogil=False)
 
 
@@ -193,45 +193,21 @@ def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, s
         return 0
     segs, offsets, sizes = (np.ascontiguousarray(a, np.int64) for a in (segs, offsets, sizes))
     small = segs.size < BATCH_MIN  # one remove: keep the GIL (see :mod:`.dispatch`)
-    by_seg, offs, lens, ascending = (_by_segment_small if small else _by_segment)(segs, offsets, sizes,
+    by_seg, offs, lens, ascending = (_by_segment_small if small else by_segment)(segs, offsets, sizes,
                                                                                   used.shape[0])
     if not ascending:
-        if int(offsets.max()) < (1 << 47) and used.shape[0] <= (1 << 15):
-            order = np.argsort((segs << 47) | offsets)  # one int64 key: faster than lexsort
-        else:
-            order = np.lexsort((offsets, segs))
+        order = order_by_segment_offset(segs, offsets)
         by_seg, offs, lens = segs[order], offsets[order], sizes[order]
     free_sorted = _free_sorted_small if small else _free_sorted
     return int(free_sorted(by_seg, offs, lens, starts, lengths, counts, used, unit_bits, capacity))
 
 
-def free_extents_from_occupied(capacity: int, offsets: np.ndarray, sizes: np.ndarray,
-                               unit_bits: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Vectorized rebuild: the gaps between the held extents of the replicas (offset, object
-    size) become free space.
-
-    Returns (starts, lengths, used bytes) or raises ValueError naming the first overlap, shared
-    allocation unit or out-of-range extent.
-    """
-    offsets = np.asarray(offsets, np.int64)
-    sizes = np.asarray(sizes, np.int64)
-    if offsets.size > 1 and (offsets[1:] >= offsets[:-1]).all():
-        o, z = offsets, sizes  # already in offset order (the usual case after a bulk load)
-    else:
-        order = np.argsort(offsets, kind="stable")
-        o, z = offsets[order], sizes[order]
-    ends = o + z
-    bad = (o < 0) | (z <= 0) | (ends > capacity)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"extent [{o[i]}, {ends[i]}) outside segment capacity {capacity}")
-    held = held_end(o, z, np.int64(unit_bits), np.int64(capacity))
-    overlap = o[1:] < held[:-1]
-    if overlap.any():
-        i = int(np.flatnonzero(overlap)[0])
-        what = "overlap" if o[i + 1] < ends[i] else f"share an allocation unit of {1 << unit_bits} bytes"
-        raise ValueError(f"extents [{o[i]}, {ends[i]}) and [{o[i + 1]}, {ends[i + 1]}) {what}")
-    gap_starts = np.concatenate(([0], held))
-    gap_ends = np.concatenate((o, [capacity]))
-    keep = gap_ends > gap_starts
-    return gap_starts[keep], (gap_ends - gap_starts)[keep], int((held - o).sum())
+def order_by_segment_offset(segs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Positions of extents (segment, offset) sorted by segment, then offset: an argsort of one
+    int64 key (segment in the high bits: about 2x faster than lexsort) when both fit in it."""
+    if not segs.size:
+        return np.zeros(0, np.int64)
+    seg_bits = max(1, int(segs.max()).bit_length())
+    if int(segs.min()) >= 0 and int(offsets.min()) >= 0 and int(offsets.max()) < (1 << (63 - seg_bits)):
+        return np.argsort((segs.astype(np.int64) << (63 - seg_bits)) | offsets)
+    return np.lexsort((offsets, segs))

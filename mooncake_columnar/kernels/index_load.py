@@ -1,5 +1,5 @@
 """Bulk loading kernels for restoring a snapshot: the key index built from many rows at once,
-key refs, and allocator gaps straight from the loaded replicas.
+and key refs (the allocators are rebuilt by :mod:`.rebuild`).
 
 Inserting millions of rows one by one probes the table at random: each insert is a cache and TLB
 miss (about 200 ns per key at 10M keys here). The bulk build instead:
@@ -25,7 +25,6 @@ import numpy as np
 from numba import njit, prange
 
 from . import hashing as hk
-from .allocation import held_end
 
 # At most 2^10 windows (128 KiB of table each at 16M slots), each at least 2^12 slots.
 _WINDOW_COUNT_BITS = 10
@@ -170,23 +169,6 @@ def bulk_insert_unique(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, k
 
 
 @njit(cache=True, nogil=True)
-def group_by_code(codes, n_codes):
-    """(order, bounds): positions of ``codes`` (in [0, n_codes)) grouped by code, stably (a
-    counting sort); group c is order[bounds[c]:bounds[c + 1]]."""
-    bounds = np.zeros(n_codes + 1, np.int64)
-    for i in range(codes.shape[0]):
-        bounds[codes[i] + 1] += 1
-    for c in range(n_codes):
-        bounds[c + 1] += bounds[c]
-    order = np.empty(codes.shape[0], np.int64)
-    fill = bounds[:-1].copy()
-    for i in range(codes.shape[0]):
-        order[fill[codes[i]]] = i
-        fill[codes[i]] += 1
-    return order, bounds
-
-
-@njit(cache=True, nogil=True)
 def set_key_refs(key_refs, rows, offsets, shift):
     """``key_refs[rows[i]]`` = the ref of key i, bytes [offsets[i], offsets[i + 1]) + ``shift`` of
     the arena. Returns False (refs partly written) if a length does not fit the ref's length bits."""
@@ -197,43 +179,3 @@ def set_key_refs(key_refs, rows, offsets, shift):
             return False
         key_refs[rows[i]] = hk.key_ref(offsets[i] + shift, length)
     return True
-
-
-@njit(cache=True, nogil=True)
-def gaps_in_offset_order(seg, offsets, sizes, capacity, unit_bits):
-    """(ok, starts, lengths, bounds, used): the free gaps of each segment between the held
-    extents (held_end: whole allocation units) of replicas listed in increasing offset order per
-    segment (as a bulk load and the engine's export leave them); segment c's gaps are
-    starts/lengths[bounds[c]:bounds[c + 1]], ``used[c]`` its held bytes. ok=False when some
-    extent is out of order, empty, overlapping (in bytes or in a shared unit) or past capacity:
-    the caller then takes the general path, which sorts and names the offending extent."""
-    n_seg = capacity.shape[0]
-    ends = np.zeros(n_seg, np.int64)
-    used = np.zeros(n_seg, np.int64)
-    bounds = np.zeros(n_seg + 1, np.int64)
-    for i in range(seg.shape[0]):
-        c, o, z = seg[i], offsets[i], sizes[i]
-        if z <= 0 or o < ends[c] or o > capacity[c] - z:
-            return False, ends, ends, bounds, used
-        if o > ends[c]:
-            bounds[c + 1] += 1
-        ends[c] = held_end(o, z, unit_bits[c], capacity[c])
-        used[c] += ends[c] - o
-    for c in range(n_seg):
-        bounds[c + 1] += bounds[c] + (ends[c] < capacity[c])
-    starts = np.empty(bounds[n_seg], np.int64)
-    lengths = np.empty(bounds[n_seg], np.int64)
-    fill = bounds[:-1].copy()
-    ends[:] = 0
-    for i in range(seg.shape[0]):
-        c, o = seg[i], offsets[i]
-        if o > ends[c]:
-            starts[fill[c]] = ends[c]
-            lengths[fill[c]] = o - ends[c]
-            fill[c] += 1
-        ends[c] = held_end(o, sizes[i], unit_bits[c], capacity[c])
-    for c in range(n_seg):
-        if ends[c] < capacity[c]:
-            starts[fill[c]] = ends[c]
-            lengths[fill[c]] = capacity[c] - ends[c]
-    return True, starts, lengths, bounds, used

@@ -16,9 +16,9 @@ from .chains import next_row
 from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
 from .leases import commit_soft_pin, grant_read_lease, grant_until
-from .rowbits import bit, has_bit, words_for
-from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_put_in_flight,
-                         is_readable_replica, lease_expired, slot_in_use, slot_is_complete,
+from .rowbits import bit, words_for
+from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_memory_replica_on, is_put_in_flight,
+                         is_readable_replica, memory_replica_segment, lease_expired, slot_in_use, slot_is_complete,
                          slot_is_processing, slot_is_removed)
 
 _BLOCK = 32
@@ -401,7 +401,7 @@ def drop_slots_on_segment(code, rows_hw, flags, rep_seg, rep_status, rep_kind, m
             for j in range(rep_status.shape[1]):
                 if not slot_in_use(rep_status[rr, j]):
                     continue
-                if rep_kind[rr, j] == _MEM and rep_seg[rr, j] == code:
+                if memory_replica_segment(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j]) == code:
                     rep_status[rr, j] = _ST_EMPTY
                     rep_seg[rr, j] = -1
                     touched = True
@@ -426,23 +426,10 @@ def readable_mask(rows, slots, rep_status, rep_kind, rep_seg, seg_readable):
 
 
 @njit(inline="always", cache=True)
-def _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-    # one test per `if`: Numba compiles `and`/`or` chains several times slower in hot loops
-    if not slot_in_use(rep_status[r, j]):
-        return False
-    if rep_kind[r, j] != _MEM:
-        return False
-    s = rep_seg[r, j]
-    if s < 0:
-        return False
-    return on_segment[s]
-
-
-@njit(inline="always", cache=True)
 def _any_on_segments(r, on_segment, rep_status, rep_kind, rep_seg, more):
     while r >= 0:
         for j in range(rep_status.shape[1]):
-            if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
+            if is_memory_replica_on(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], on_segment):
                 return True
         r = next_row(more, r)
     return False
@@ -470,117 +457,6 @@ def objects_on_segments(on_segment, rows_hw, flags, rep_status, rep_kind, rep_se
             bits[w] = word
         found[c] = k
     return bits, found.sum()
-
-
-@njit(cache=True, nogil=True)
-def segment_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off, more):
-    """(segment, offset, size) of the matching replicas of the ``matched`` objects in ``bits``
-    (allocator rebuild), in row order. One pass into arrays sized for the worst case: only the
-    pages written are touched."""
-    bound = (matched + more.shape[0]) * rep_status.shape[1]  # continuation rows: at most one per row
-    segs = np.empty(bound, np.int64)
-    offs = np.empty(bound, np.int64)
-    lens = np.empty(bound, np.int64)
-    k = 0
-    for w in range(bits.shape[0]):
-        word = bits[w]
-        if word:
-            for b in range(64):
-                if has_bit(word, b):
-                    r = (w << 6) + b
-                    while r >= 0:
-                        for j in range(rep_status.shape[1]):
-                            if _on_segments(r, j, on_segment, rep_status, rep_kind, rep_seg):
-                                segs[k] = rep_seg[r, j]
-                                offs[k] = rep_off[r, j]
-                                lens[k] = sizes[r]
-                                k += 1
-                        r = next_row(more, r)
-    return segs[:k], offs[:k], lens[:k]
-
-
-REBUILD_OK, REBUILD_UNSORTED, REBUILD_OVERLAP, REBUILD_OUT_OF_RANGE, REBUILD_SHARED_UNIT = 0, 1, 2, 3, 4
-
-
-@njit(inline="always", cache=True)
-def _on_code(r, j, code, rep_status, rep_kind, rep_seg):
-    if not slot_in_use(rep_status[r, j]):
-        return False
-    if rep_kind[r, j] != _MEM:
-        return False
-    return rep_seg[r, j] == code
-
-
-@njit(cache=True, nogil=True)
-def free_extents_of_segment(bits, code, capacity, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off, more):
-    """Streaming allocator rebuild for one segment: walk the replicas on ``code`` of the objects
-    in ``bits`` in row order and emit the gaps between their held extents (ak.held_end) as free
-    extents, without gathering the occupied extents.
-
-    Returns (status, starts, lengths, used). Rows are usually in offset order (bulk loads and
-    restores allocate in row order); REBUILD_UNSORTED tells the caller to gather and sort.
-    REBUILD_SHARED_UNIT: two extents are disjoint but share an allocation unit (a byte-packed
-    layout from before units), which no allocator state can hold.
-    """
-    n = 0
-    for w in range(bits.shape[0]):
-        word = bits[w]
-        if word:
-            for b in range(64):
-                if has_bit(word, b):
-                    r = (w << 6) + b
-                    while r >= 0:
-                        for j in range(rep_status.shape[1]):
-                            if _on_code(r, j, code, rep_status, rep_kind, rep_seg):
-                                n += 1
-                        r = next_row(more, r)
-    starts = np.empty(n + 1, np.int64)
-    lengths = np.empty(n + 1, np.int64)
-    k = 0
-    cursor = 0          # end of the previous held extent
-    last_end = 0        # end of the previous extent's bytes
-    last_start = -1
-    used = 0
-    for w in range(bits.shape[0]):
-        word = bits[w]
-        if not word:
-            continue
-        for b in range(64):
-            if not has_bit(word, b):
-                continue
-            r = (w << 6) + b
-            while r >= 0:
-                for j in range(rep_status.shape[1]):
-                    if not _on_code(r, j, code, rep_status, rep_kind, rep_seg):
-                        continue
-                    off = rep_off[r, j]
-                    size = sizes[r]
-                    if off < last_start:
-                        return REBUILD_UNSORTED, starts[:0], lengths[:0], 0
-                    if off < 0:
-                        return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
-                    if size <= 0:
-                        return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
-                    if off + size > capacity:
-                        return REBUILD_OUT_OF_RANGE, starts[:0], lengths[:0], 0
-                    if off < last_end:
-                        return REBUILD_OVERLAP, starts[:0], lengths[:0], 0
-                    if off < cursor:
-                        return REBUILD_SHARED_UNIT, starts[:0], lengths[:0], 0
-                    if off > cursor:
-                        starts[k] = cursor
-                        lengths[k] = off - cursor
-                        k += 1
-                    cursor = ak.held_end(off, size, unit_bits, capacity)
-                    last_end = off + size
-                    last_start = off
-                    used += cursor - off
-                r = next_row(more, r)
-    if capacity > cursor:
-        starts[k] = cursor
-        lengths[k] = capacity - cursor
-        k += 1
-    return REBUILD_OK, starts[:k], lengths[:k], used
 
 
 @njit(inline="always", cache=True)

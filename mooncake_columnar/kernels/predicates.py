@@ -5,10 +5,12 @@ remaining-descriptor prediction, offload source choice, tenant quota eviction, g
 calls these functions; nothing else tests the flag bits or compares lease deadlines itself.
 
 They test one condition per ``if`` and return early: Numba compiles ``and``/``or`` chains
-several times slower inside hot loops.
+several times slower inside hot loops. The ``*_mask`` functions at the end are the same
+predicates over whole NumPy columns, for the vectorised paths outside kernels.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from .chains import next_row
@@ -42,6 +44,25 @@ def is_readable_replica(status, kind, segment, segment_readable):
     if segment < 0:
         return False
     return segment_readable[segment]
+
+
+@njit(inline="always", cache=True)
+def memory_replica_segment(status, kind, segment):
+    """The segment code of the memory replica a slot holds; -1 when it holds none."""
+    if not slot_in_use(status):
+        return -1
+    if kind != _MEMORY:
+        return -1
+    return segment
+
+
+@njit(inline="always", cache=True)
+def is_memory_replica_on(status, kind, segment, on_segment):
+    """A slot in use holding a memory replica on a segment flagged in ``on_segment``."""
+    s = memory_replica_segment(status, kind, segment)
+    if s < 0:
+        return False
+    return on_segment[s]
 
 
 @njit(inline="always", cache=True)
@@ -168,3 +189,43 @@ def is_eviction_candidate(row, now, allow_soft_pinned, flags, lease, soft_deadli
         if soft_pin_active(f, soft_deadline[row], now):
             return False
     return object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable, more)
+
+
+# ---- the same predicates over NumPy columns (any shape; ``segment_readable`` per segment code) ----
+def memory_on_segment_mask(kind: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Slots known in use that hold a memory replica on a segment (its extent is held there)."""
+    return (kind == _MEMORY) & (segment >= 0)
+
+
+def memory_replica_mask(status: np.ndarray, kind: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Slots in use holding a memory replica on a segment."""
+    return (status != _EMPTY) & memory_on_segment_mask(kind, segment)
+
+
+def memory_replica_on_mask(status: np.ndarray, kind: np.ndarray, segment: np.ndarray, code: int) -> np.ndarray:
+    """Slots in use holding a memory replica on segment ``code``."""
+    return (segment == code) & (kind == _MEMORY) & (status != _EMPTY)
+
+
+def readable_replica_mask(status: np.ndarray, kind: np.ndarray, segment: np.ndarray,
+                          segment_readable: np.ndarray) -> np.ndarray:
+    """:func:`is_readable_replica` of every slot."""
+    on_readable = (segment >= 0) & segment_readable[np.maximum(segment, 0)]
+    return (status == _COMPLETE) & ((kind != _MEMORY) | on_readable)
+
+
+def stranded_memory_replica_mask(status: np.ndarray, kind: np.ndarray, segment: np.ndarray,
+                                 segment_readable: np.ndarray) -> np.ndarray:
+    """Complete memory replicas that are not readable (their segment awaits its client's
+    remount), pinned or not."""
+    return (status == _COMPLETE) & (kind == _MEMORY) & ~readable_replica_mask(status, kind, segment, segment_readable)
+
+
+def lease_expired_mask(lease_deadline: np.ndarray, now: int) -> np.ndarray:
+    """:func:`lease_expired` of every deadline (a soft-pin deadline runs out the same way)."""
+    return now >= lease_deadline
+
+
+# The scalar predicates as plain Python, for single-key paths outside kernels (calling a jitted
+# function from Python costs more than the test itself; with the JIT off it is plain already).
+readable_replica = getattr(is_readable_replica, "py_func", is_readable_replica)

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ..clock import NS_PER_MS
 from ..errors import ErrorCode, error_for_code
+from ..kernels.predicates import readable_replica_mask
 from ..schema import ST_EMPTY, ReplicaKind
 from ..store.metadata import MetadataStore
 from ..validation import _COMPLETE
@@ -24,8 +25,9 @@ def offload_instead(m: "MasterService", plan: "EvictionPlan") -> tuple["Eviction
     """Upstream try_evict_or_offload: objects without a LOCAL_DISK copy queue an offload of
     their first evictable memory replica (pinned by refcnt) instead of losing it."""
     o, chains, offloads = m.store.objects, plan.chains, m.store.offloads
-    has_disk = chains.any(o.replica_kind[chains.rows] == int(ReplicaKind.LOCAL_DISK)) & \
-        chains.any(o.replica_status[chains.rows] == _COMPLETE)
+    kind, rows = o.replica_kind[chains.rows], chains.rows  # a readable LOCAL_DISK replica: COMPLETE
+    has_disk = chains.any((kind == int(ReplicaKind.LOCAL_DISK)) & readable_replica_mask(
+        o.replica_status[rows], kind, o.replica_segment[rows], m.store.segments.readable))
     needs = np.flatnonzero(~has_disk & chains.any(plan.removed))
     room = max(0, min(offloads.cycle_cap, offloads.limit - len(offloads)))
     queue_now, overflow = needs[:room], needs[room:]

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..clock import NS_PER_MS
-from ..errors import EngineInvariantError, SegmentExtentsCorrupt
+from ..errors import EngineInvariantError
 from ..errors import RecoveryFault  # noqa: F401 (tests import it from here)
-from ..kernels import allocation as ak
 from ..kernels import objects as ok
 from ..kernels.leases import grant_recovery_masked
+from ..store.rebuild import free_space
 from ..store.segments import Segment
 
 if TYPE_CHECKING:
@@ -46,32 +46,6 @@ class RemountReport:
     assignment_seconds: float        # deadline computation + masked max-update
     total_seconds: float             # the whole remount under the lock
     visible_ttl_ms: float            # lease left on the recovered objects when the segment went live
-
-
-def _rebuild_one(m: "MasterService", bits: np.ndarray, matched: int, on: np.ndarray, code: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(free starts, free lengths, used bytes) of segment ``code`` from its held extents; a
-    streaming pass when replicas lie in offset order, else gather + sort. Raises
-    SegmentExtentsCorrupt on an overlap, two extents sharing an allocation unit or an extent
-    beyond the capacity."""
-    o, seg = m.store.objects, m.store.segments
-    capacity, unit_bits = int(seg.capacity[code]), int(seg.unit_bits[code])
-    status, starts, lengths, used = ok.free_extents_of_segment(
-        bits, code, capacity, unit_bits, o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
-        o.replica_offset, o.replica_more)
-    if status == ok.REBUILD_OK:
-        return starts, lengths, int(used)
-    if status == ok.REBUILD_UNSORTED:
-        only = np.zeros_like(on)
-        only[code] = True
-        _, offs, sizes = ok.segment_extents(bits, matched, only, o.size_bytes, o.replica_status, o.replica_kind,
-                                            o.replica_segment, o.replica_offset, o.replica_more)
-        try:
-            return ak.free_extents_from_occupied(capacity, offs, sizes, unit_bits)
-        except ValueError as e:
-            raise SegmentExtentsCorrupt(seg.info[code].name, str(e)) from None
-    what = {ok.REBUILD_OVERLAP: "overlap", ok.REBUILD_OUT_OF_RANGE: "lie outside the segment capacity",
-            ok.REBUILD_SHARED_UNIT: f"share an allocation unit of {1 << unit_bits} bytes"}[status]
-    raise SegmentExtentsCorrupt(seg.info[code].name, f"replica extents {what}")
 
 
 @dataclass(frozen=True)
@@ -104,17 +78,14 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
 
     step("rebuild_allocators")
     t_rebuild = time.perf_counter()
-    rebuilt = {}
-    for code, _ in segments:  # nothing is installed until every segment rebuilt cleanly
-        rebuilt[code] = _rebuild_one(m, bits, int(matched), on, code)
+    rebuilt = free_space(o, seg, bits, int(matched), on)  # nothing installed until all rebuilt cleanly
     rebuild_s = time.perf_counter() - t_rebuild
     saved = {c: (seg.extent_starts[c], seg.extent_lengths[c], int(seg.extent_counts[c]), int(seg.used[c]),
                  seg.info[c]) for c in codes}
     try:
         step("replace_buffers")
+        rebuilt.install(seg, codes)
         for code, req in segments:
-            starts, lengths, used = rebuilt[code]
-            seg.install_allocator(code, starts, lengths, used)
             # the client's base, and its segment id and host id where it tells them
             old = seg.info[code]
             seg.replace_info(code, Segment(req.name, req.endpoint, client, req.base, req.size,

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..kernels import objects as ok
+from ..kernels import predicates as pk
 from ..messages import ObjectInfo, ReplicaDescriptor, SegmentInfo
 from ..metrics import Metrics
 from ..schema import (FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_EMPTY,
@@ -43,8 +44,7 @@ def segment_info(store: MetadataStore, metrics: Metrics) -> dict[str, SegmentInf
     """name -> SegmentInfo of every mounted segment (see MasterService.segment_info)."""
     s, o = store.segments, store.objects
     hw = o.high_water
-    memory = ((o.replica_status[:hw] != ST_EMPTY) & (o.replica_kind[:hw] == int(KIND_MEMORY))
-              & (o.replica_segment[:hw] >= 0))
+    memory = pk.memory_replica_mask(o.replica_status[:hw], o.replica_kind[:hw], o.replica_segment[:hw])
     r, j = np.nonzero(memory)
     n = len(s.info)
     d = store.discarded
@@ -89,7 +89,7 @@ def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: l
                                              store.clients.name(code), 0, int(o.size_bytes[row]),
                                              st == _COMPLETE))
             continue
-        readable = st == _COMPLETE and code >= 0 and bool(readable_mask[code])
+        readable = bool(pk.readable_replica(st, kind, code, readable_mask))
         if readable_only and not readable:
             continue
         seg = store.segments.info[code]

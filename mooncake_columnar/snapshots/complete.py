@@ -12,6 +12,7 @@ replicas; drop non-hard-pinned objects whose lease and soft pin are both expired
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,27 +35,19 @@ from ..errors import (
     SnapshotFieldError,
     SnapshotIntegrityError,
 )
+from ..kernels.predicates import lease_expired_mask
 from ..schema import ST_COMPLETE
-from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, optional_payloads, state_payloads
+from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, optional_payloads
 from .convert import convert_steady_deadlines
-from .manifest import (
-    SnapshotManifest,
-    check_clock_pair,
-    parse_manifest,
-    snapshot_id_for,
-    v2_manifest,
-)
+from .manifest import SnapshotManifest, check_clock_pair, parse_manifest
 from .mooncake_v1 import V1_FILES, decode_v1
 from .mooncake_v1_allocator import DEFAULT_MAX_DECOMPRESSED_BYTES
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
+from .writer import publish_state
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# One worker: background snapshots publish in the order they were requested.
-_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-snapshot")
-
 
 @dataclass
 class RestoreStats:
@@ -91,23 +84,23 @@ def as_snapshot_error(e: Exception) -> SnapshotError:
     return typed
 
 
-def _write(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int,
-           steady_now_ns: int, compression: str | None) -> str:
-    snapshot_id = snapshot_id_for(system_now_ns)
-    manifest = v2_manifest(snapshot_id, system_now_ns, steady_now_ns).encode()
-    repo.publish(snapshot_id, state_payloads(state, compression), manifest)
-    return snapshot_id
-
-
 def write_snapshot(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int,
                    steady_now_ns: int, compression: str | None = None,
                    background: bool = False) -> str | Future[str]:
-    """Publish ``state`` as a v2 snapshot; the pair (system, steady) must be captured once, with
-    the state frozen. Returns the snapshot id, or a Future of it when ``background``.
+    """Publish ``state`` as a v2 snapshot (:func:`~.writer.publish_state`); the pair (system,
+    steady) must be captured once, with the state frozen. Returns the snapshot id, or a Future of
+    it when ``background``.
     """
-    if background:
-        return _WRITER.submit(_write, repo, state, system_now_ns, steady_now_ns, compression)
-    return _write(repo, state, system_now_ns, steady_now_ns, compression)
+    def write() -> str:
+        return publish_state(repo, state, system_now_ns, steady_now_ns, compression=compression).snapshot_id
+    return _background_writer().submit(write) if background else write()
+
+
+@functools.cache
+def _background_writer() -> ThreadPoolExecutor:
+    """Started at the first background write, not at import. One worker: background snapshots
+    publish in the order they were requested."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-snapshot")
 
 
 def convert_v2_state(state: SnapshotState, manifest: SnapshotManifest, *,
@@ -145,7 +138,7 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
         lease = objects.column("lease_deadline_ns").to_numpy()
         soft = objects.column("soft_pin_deadline_ns").to_numpy()
         hard = objects.column("hard_pinned").to_numpy(zero_copy_only=False)
-        expired = (lease <= now_ns) & (soft <= now_ns)  # upstream: expired when now >= deadline
+        expired = lease_expired_mask(lease, now_ns) & lease_expired_mask(soft, now_ns)
         keep &= hard | ~expired
     if all_complete and keep.all():
         if not pc.any(objects.column("processing")).as_py():

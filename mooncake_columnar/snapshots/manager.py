@@ -27,14 +27,13 @@ import numpy as np
 from ..clock import Clocks
 from ..config import MasterConfig
 from ..errors import InvalidParams, NoUsableSnapshot, RollbackRefused, SnapshotStorageUnavailable
-from ..memory import FreeMemoryWarmer, prefault, warm_free_memory
+from ..memory import FreeMemoryWarmer, prefault
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
-from .arrow_codec import state_payloads
 from .complete import RestoreStats, max_granted_ttl_ns, restore_latest_with
-from .manifest import SnapshotIdAllocator, v1_manifest, v2_manifest
-from .mooncake_v1 import encode_v1
-from .repository import SnapshotRepository, stored_size
+from .manifest import SnapshotIdAllocator
+from .repository import SnapshotRepository
 from .state import SnapshotState
+from .writer import publish_state
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -155,31 +154,21 @@ class SnapshotManager:
             if self._spare_buffers is None:
                 self._spare_buffers = buffers
 
-    def _next_id(self, system_ns: int) -> str:
-        return self._ids.next_id(system_ns)
-
     def _encode_and_publish(self, frozen: FrozenColumns, system_ns: int, steady_ns: int,
                             buffers: _FreezeBuffers, t0: float) -> str:
         metrics = self.master.metrics
         try:
-            sid = self._next_id(system_ns)
             state = frozen_state(frozen, buffers.alloc)
+            try:
+                published = publish_state(self.repo, state, system_ns, steady_ns, ids=self._ids, v1=self.write_v1,
+                                          compression=self.compression, keys_known_unique=True,
+                                          prefault=self.prefault)
+            except RollbackRefused as refusal:
+                self._refused_v1(refusal, state, system_ns, steady_ns)
+                raise
             if self.write_v1:
-                try:
-                    payloads = encode_v1(state.plain(), system_now_ns=system_ns, steady_now_ns=steady_ns)
-                except RollbackRefused as refusal:
-                    self._refused_v1(refusal, state, system_ns, steady_ns)
-                    raise
-                manifest = v1_manifest(sid).encode()
                 self.last_v1_refusal = None
-            else:
-                # The state comes straight from the engine: its key index guarantees unique keys.
-                payloads = state_payloads(state, self.compression, keys_known_unique=True)
-                manifest = v2_manifest(sid, system_ns, steady_ns).encode()
-            if self.prefault and self.repo.is_local and not self.write_v1:  # ~ the files' bytes
-                warm_free_memory(sum(t.nbytes for t in (state.objects, state.replicas, state.segments)))
-            self.repo.publish(sid, payloads, manifest)
-            size = sum(map(stored_size, payloads.values()))
+            sid = published.snapshot_id
         except RollbackRefused:
             metrics.inc("snapshot_failure")
             metrics.inc("snapshot_v1_refused")
@@ -191,7 +180,7 @@ class SnapshotManager:
         finally:
             # The tables are views of the buffers; nothing reads them once published.
             self._release(buffers)
-        metrics.set("snapshot_bytes", float(size + len(manifest)))
+        metrics.set("snapshot_bytes", float(published.stored_bytes))
         try:
             deleted = self.repo.retain(self.retention, unpublished_grace_s=self.unpublished_grace_s)
         except Exception:  # the snapshot itself is published and usable: only retention failed
@@ -212,9 +201,8 @@ class SnapshotManager:
         fallback = self.v2_fallback_repo
         if fallback is None:
             return
-        fid = self._fallback_ids.next_id(system_ns)
-        fallback.publish(fid, state_payloads(state, keys_known_unique=True),
-                         v2_manifest(fid, system_ns, steady_ns).encode())
+        fid = publish_state(fallback, state, system_ns, steady_ns, ids=self._fallback_ids,
+                            keys_known_unique=True).snapshot_id
         refusal.fallback_snapshot_id = fid
         try:
             fallback.retain(self.retention, unpublished_grace_s=self.unpublished_grace_s)

@@ -148,7 +148,7 @@ def v2_manifest(snapshot_id: str, system_now_ns: int, steady_now_ns: int) -> Sna
 def check_clock_pair(manifest: SnapshotManifest) -> None:
     """Cross-check a v2 manifest's system time with its snapshot id: the writer names a snapshot
     after its system time S0 (:func:`snapshot_id_for`), bumped later, never earlier, when two
-    snapshots share a millisecond or the wall clock stepped back (``SnapshotManager._next_id``).
+    snapshots share a millisecond or the wall clock stepped back (:class:`SnapshotIdAllocator`).
     An id earlier than S0 therefore means S0 was changed, and a later S0 would lengthen every
     restored lease: :class:`ManifestClockError`. (The steady time is cross-checked with the
     deadlines once the payloads are decoded: ``SnapshotState.check_deadline_horizon``.)"""

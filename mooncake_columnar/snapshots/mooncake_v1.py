@@ -51,7 +51,6 @@ from ..schema import (
     ST_REMOVED,
 )
 from .convert import convert_legacy_ms_deadlines, legacy_system_deadline_ms
-from .manifest import snapshot_id_for, v1_manifest
 from .mooncake_v1_allocator import (
     DEFAULT_MAX_DECOMPRESSED_BYTES,
     SegmentAllocators,
@@ -524,8 +523,7 @@ def _metadata_blob(state: SnapshotState, rep_items: list[list], system_now_ns: i
 
 def write_v1(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int,
              steady_now_ns: int) -> str:
-    """Publish ``state`` as an upstream v1 snapshot (rollback path); returns the snapshot id."""
-    snapshot_id = snapshot_id_for(system_now_ns)
-    payloads = encode_v1(state, system_now_ns=system_now_ns, steady_now_ns=steady_now_ns)
-    repo.publish(snapshot_id, payloads, v1_manifest(snapshot_id).encode())
-    return snapshot_id
+    """Publish ``state`` as an upstream v1 snapshot (rollback path, :func:`~.writer.publish_state`);
+    returns the snapshot id."""
+    from .writer import publish_state  # the writer imports this codec
+    return publish_state(repo, state, system_now_ns, steady_now_ns, v1=True).snapshot_id

@@ -28,6 +28,7 @@ from ..errors import (
     SnapshotIntegrityError,
     SnapshotSchemaError,
 )
+from ..kernels import rebuild
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..upstream_ids import first_bad_uuid
 from ..schema import (
@@ -247,27 +248,25 @@ class SnapshotState:
         check_replica_columns(columns, codes, names, seg_rows, _np(objs, "replica_count"), _np(objs, "size_bytes"),
                               _np(self.segments, "size"), unit_bits, next_id)
         if check_overlaps:
-            self._check_overlaps(seg_rows[codes] if codes.size else codes, columns["offset"], columns["size"])
+            self._check_overlaps(seg_rows[codes] if codes.size else codes, columns["offset"], columns["size"],
+                                 unit_bits)
 
-    def _check_overlaps(self, seg: np.ndarray, off: np.ndarray, sz: np.ndarray) -> None:
-        # REMOVED replicas no longer own their extent; every other memory replica does. Offsets
-        # are unit-aligned (checked above), so byte extents that do not overlap never share a unit.
+    def _check_overlaps(self, seg: np.ndarray, off: np.ndarray, sz: np.ndarray, unit_bits: np.ndarray) -> None:
+        # REMOVED replicas no longer own their extent; every other memory replica does: the
+        # allocator rebuild's check, naming the table rows
         reps = self.replicas
         held = np.flatnonzero((_np(reps, "kind") == KIND_MEMORY) & (_np(reps, "status") != ST_REMOVED))
-        seg, off, sz = seg[held].astype(np.int64), off[held], sz[held]
-        if seg.size and int(off.max()) < (1 << 62) >> int(seg.max()).bit_length():
-            # one int64 sort key (segment code in the high bits): about 2x faster than lexsort
-            order = np.argsort((seg << (62 - int(seg.max()).bit_length())) | off)
-        else:
-            order = np.lexsort((off, seg))
-        seg, off, sz = seg[order], off[order], sz[order]
-        bad = np.flatnonzero((seg[1:] == seg[:-1]) & (off[1:] < off[:-1] + sz[:-1]))
-        if bad.size:
-            i = int(bad[0])
-            first, second = int(held[order[i]]), int(held[order[i + 1]])
+        size = _np(self.segments, "size")
+        status, fault, *_ = rebuild.free_extents_sorted(seg[held], off[held], sz[held],
+                                                        np.ones(size.size, np.bool_), size, unit_bits)
+        if status == rebuild.OVERLAP:
+            first, second = (int(held[i]) for i in fault[5:])
             raise SnapshotExtentError("replicas", "offset", second,
-                                      f"extent [{int(off[i + 1])}, {int(off[i + 1] + sz[i + 1])}) overlaps "
-                                      f"row {first}'s [{int(off[i])}, {int(off[i] + sz[i])}) on one segment")
+                                      f"extent [{fault[3]}, {fault[4]}) overlaps row {first}'s "
+                                      f"[{fault[1]}, {fault[2]}) on one segment")
+        if status != rebuild.OK:
+            raise SnapshotExtentError("replicas", "offset", int(held[fault[6]]),
+                                      rebuild.fault_message(status, fault, unit_bits, size))
 
     def check_deadline_horizon(self, now_ns: int, max_ttl_ns: int) -> None:
         """Every lease and soft-pin deadline (sentinels aside) at most ``max_ttl_ns`` past

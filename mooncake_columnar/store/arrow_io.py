@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from ..errors import SnapshotExtentError
+from ..errors import SegmentExtentsCorrupt, SnapshotExtentError
 from ..kernels import arena as arena_k
 from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
-from ..kernels import index_load
 from ..kernels import objects as ok
+from ..kernels.predicates import memory_on_segment_mask
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
     FLAG_GROUPED,
@@ -39,6 +39,7 @@ from ..schema import (
 )
 from .inserts import NewObjects
 from .objects import put_start_ms
+from .rebuild import rebuild_all
 from .segments import Segment, segments_table
 
 if TYPE_CHECKING:
@@ -241,7 +242,7 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     all_memory = bool((kind == KIND_MEMORY).all()) and (not seg.size or seg.min() >= 0)
     if not all_memory:  # a LOCAL_DISK replica's "segment" is its owner client; others ""
         owner = np.where((kind == KIND_LOCAL_DISK) & (seg >= 0), len(seg_names) + seg, -1)
-        seg = np.where((kind == KIND_MEMORY) & (seg >= 0), seg, owner)
+        seg = np.where(memory_on_segment_mask(kind, seg), seg, owner)
         seg_names = seg_names + f.clients
     seg_code = seg
     if src is None:
@@ -271,7 +272,7 @@ def _used_bytes(kind: np.ndarray, seg: np.ndarray, size: np.ndarray, n_codes: in
     (its allocator's cur_size sums the buffers' sizes; a replica whose removal awaits durability
     still holds its buffer). The engine's own ``SegmentTable.used`` counts whole allocation
     units instead (above 3.75 GiB a unit is more than a byte)."""
-    memory = (kind == KIND_MEMORY) & (seg >= 0)
+    memory = memory_on_segment_mask(kind, seg)
     # float sums are exact here: one segment's bytes stay far below 2**53
     return np.bincount(seg[memory], weights=size[memory], minlength=n_codes).astype(np.int64)
 
@@ -293,7 +294,7 @@ def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable
     rows = append_objects(m, state.objects, state.replicas)
     m.objects.set_checksums(rows[state.checksums.column("object_index").to_numpy()],
                             state.checksums.column("checksum").to_numpy())
-    _rebuild_allocators(m)
+    _rebuild_allocators(m, rows)
 
 
 def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table) -> np.ndarray:
@@ -332,33 +333,11 @@ def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table) ->
         replica_id=values(replicas, "replica_id")))
 
 
-def _rebuild_allocators(m: "MetadataStore") -> None:
+def _rebuild_allocators(m: "MetadataStore", rows: np.ndarray) -> None:
     """Each segment's free space becomes the gaps between the loaded memory replicas' held extents
     (object size at the replica offset in whole allocation units, as the engine frees them); an
-    overlap, a shared allocation unit or an extent past capacity raises here. Reads the loaded
-    engine columns: views when each object has one slot."""
-    o = m.objects
-    n = o.high_water
-    seg, kind, status = o.replica_segment[:n], o.replica_kind[:n], o.replica_status[:n]
-    held = (kind == KIND_MEMORY) & (status != ST_EMPTY) & (seg >= 0)
-    if o.slots == 1 and held.all():
-        seg, offsets, sizes = seg[:, 0], o.replica_offset[:n, 0], o.size_bytes[:n]
-    else:
-        r, j = np.nonzero(held)
-        seg, offsets, sizes = seg[r, j], o.replica_offset[r, j], o.size_bytes[r]
-    n_codes = len(m.segments.info)
-    capacity, unit_bits = m.segments.capacity[:n_codes], m.segments.unit_bits[:n_codes]
-    in_order, starts, lengths, gaps, used = index_load.gaps_in_offset_order(seg, offsets, sizes, capacity,
-                                                                            unit_bits)
-    if in_order:  # one streaming pass, no gathered extents
-        for code in range(n_codes):
-            m.segments.install_allocator(code, starts[gaps[code]:gaps[code + 1]],
-                                         lengths[gaps[code]:gaps[code + 1]], int(used[code]))
-        return
-    order, bounds = index_load.group_by_code(seg, n_codes)
-    for code in range(n_codes):
-        sel = order[bounds[code]:bounds[code + 1]]
-        try:
-            m.segments.rebuild_allocator(code, offsets[sel], sizes[sel])
-        except ValueError as e:  # the allocator kernel's refusal, typed for the loader's caller
-            raise SnapshotExtentError("replicas", "offset", None, f"segment {m.segments.info[code].name!r}: {e}") from e
+    overlap, a shared allocation unit or an extent past capacity raises here, typed."""
+    try:
+        rebuild_all(m.objects, m.segments, rows)
+    except SegmentExtentsCorrupt as e:  # the rebuild's refusal, typed for the loader's caller
+        raise SnapshotExtentError("replicas", "offset", None, f"segment {e.segment!r}: {e.detail}") from e

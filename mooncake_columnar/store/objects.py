@@ -15,9 +15,10 @@ from typing import Callable
 import numpy as np
 
 from ..kernels import chains as ck
+from ..kernels.predicates import memory_replica_on_mask
 from .growth import ColumnGrowth, GrowthJob, run_job
-from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, KIND_MEMORY, NEVER_LEASED, NO_DEADLINE,
-                      OBJECT_COLUMNS, PUT_START_NONE, REPLICA_COLUMNS, ST_EMPTY)
+from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, NO_DEADLINE,
+                      OBJECT_COLUMNS, PUT_START_NONE, REPLICA_COLUMNS)
 
 _OBJECT_FILL = {
     "lease_deadline_ns": NEVER_LEASED,
@@ -294,8 +295,8 @@ class ObjectTable:
         """(high_water, R) mask of the slots holding a memory replica on segment code ``segment``
         (what unmounting it drops)."""
         hw = self.high_water
-        return ((self.replica_segment[:hw] == segment) & (self.replica_kind[:hw] == KIND_MEMORY)
-                & (self.replica_status[:hw] != ST_EMPTY))
+        return memory_replica_on_mask(self.replica_status[:hw], self.replica_kind[:hw], self.replica_segment[:hw],
+                                      segment)
 
     def live_rows(self) -> np.ndarray:
         hw = self.high_water

@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow as pa
 from numba.typed import List
 
-from ..errors import InvalidParams
+from ..errors import InvalidParams, SegmentExtentsCorrupt
 from ..kernels import allocation as ak
+from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..schema import SEGMENTS_ARROW_SCHEMA
 from ..upstream_ids import new_upstream_uuid
@@ -140,10 +141,16 @@ class SegmentTable:
 
     def rebuild_allocator(self, code: int, offsets: np.ndarray, sizes: np.ndarray) -> None:
         """Replace the allocator of ``code`` by one whose free space is the gaps between the held
-        extents of replicas (offset, object size); ValueError if they overlap or share a unit."""
-        starts, lengths, used = ak.free_extents_from_occupied(int(self.capacity[code]), offsets, sizes,
-                                                              int(self.unit_bits[code]))
-        self.install_allocator(code, starts, lengths, used)
+        extents of replicas (offset, object size); SegmentExtentsCorrupt if they overlap or share a
+        unit."""
+        on = np.zeros(code + 1, np.bool_)
+        on[code] = True
+        status, fault, starts, lengths, lo, hi, used = rk.free_extents_sorted(
+            np.full(len(offsets), code), offsets, sizes, on, self.capacity[:code + 1], self.unit_bits[:code + 1])
+        if status != rk.OK:
+            raise SegmentExtentsCorrupt(self.info[code].name, rk.fault_message(status, fault, self.unit_bits,
+                                                                               self.capacity))
+        self.install_allocator(code, starts[lo[code]:hi[code]], lengths[lo[code]:hi[code]], int(used[code]))
 
     def install_allocator(self, code: int, starts: np.ndarray, lengths: np.ndarray, used: int) -> None:
         n = starts.size

@@ -21,8 +21,9 @@ import pyarrow as pa
 
 from ..clock import NS_PER_MS, ManualClocks
 from ..config import MasterConfig
+from ..kernels.predicates import lease_expired_mask, readable_replica_mask, stranded_memory_replica_mask
 from ..master import MasterService
-from ..schema import FLAG_LIVE, KIND_MEMORY, ST_COMPLETE
+from ..schema import FLAG_LIVE
 from ..snapshots.complete import write_snapshot
 from ..snapshots.manager import restore_master
 from ..snapshots.repository import SnapshotRepository
@@ -120,11 +121,9 @@ def _replica_state(m: MasterService) -> tuple[np.ndarray, np.ndarray, np.ndarray
     o, hw = m.objects, m.objects.high_water
     status, kind, seg = o.replica_status[:hw], o.replica_kind[:hw], o.replica_segment[:hw]
     live = (o.flags[:hw] & FLAG_LIVE) != 0
-    complete = status == ST_COMPLETE
-    memory = kind == KIND_MEMORY
-    on_readable = (seg >= 0) & m.segments.readable[np.maximum(seg, 0)]
-    unreadable_slots = (live | _continuation_rows(m))[:, None] & complete & memory & ~on_readable
-    readable = _per_object(m, (complete & (~memory | on_readable)).any(axis=1))
+    stranded = stranded_memory_replica_mask(status, kind, seg, m.segments.readable)
+    unreadable_slots = (live | _continuation_rows(m))[:, None] & stranded
+    readable = _per_object(m, readable_replica_mask(status, kind, seg, m.segments.readable).any(axis=1))
     return live, unreadable_slots, readable
 
 
@@ -190,7 +189,7 @@ def simulate_failover(objects: int, *, segments: int = 4, replicas: int = 1,
         t_ms, now = now_ms(), clocks.steady_ns()
         live, unreadable, readable = _replica_state(m)
         protected = _per_object(m, unreadable.any(axis=1))
-        expired = m.objects.lease_deadline_ns[: m.objects.high_water] <= now
+        expired = lease_expired_mask(m.objects.lease_deadline_ns[: m.objects.high_water], now)
         plan = m.eviction_plan(1.0)
         chosen = int((plan.removed & unreadable[plan.chains.rows]).sum())
         evicted = 0

@@ -14,7 +14,6 @@ from ..config import MasterConfig
 from ..errors import error_for_code
 from ..master import MasterService
 from ..messages import ReplicateConfig
-from ..schema import NEVER_LEASED
 
 KEY_BYTES = 32
 _PREFIX = b"obj-"
@@ -91,15 +90,14 @@ def build_master(objects: int, *, segments: int = 4, replicas: int = 1, object_b
 
 def promoted_master(objects: int, *, segments: int = 1, replicas: int = 1, show_progress: bool = False,
                     config: MasterConfig | None = None) -> MasterService:
-    """A master as standby promotion leaves it: N objects, every lease NEVER_LEASED, every segment
-    unreadable (invalid endpoint, no allocations) until its client remounts. Built in place rather
-    than through export/restore so that 100M objects fit in memory; real clocks, so the visible
-    window is measured."""
-    m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
-                     config=config, clocks=MonotonicClocks())
-    m.objects.lease_deadline_ns[: m.objects.high_water] = NEVER_LEASED
-    m.segments.readable[:] = False
-    m.segments.allocatable[:] = False
+    """A master as standby promotion leaves it (``ha.standby.promoted_master`` of a filled one):
+    N objects, every lease NEVER_LEASED, every segment unreadable (invalid endpoint, no
+    allocations) until its client remounts; real clocks, so the visible window is measured. The
+    filled master and the promoted one coexist for a moment: about twice the memory of either."""
+    from ..ha.standby import promoted_master as promote
+    source = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
+                          config=config)
+    m = promote(source, config=source.config, clocks=MonotonicClocks())
     for i in range(segments):
         m.liveness.touch(f"client-{i}", 2**62)  # the bench's clients never time out
     return m

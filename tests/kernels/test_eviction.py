@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import hypothesis.strategies as st
 import numpy as np
@@ -71,25 +72,47 @@ def test_census_and_selection_match_slow_numpy(t, allow_soft, k):
     assert unsorted.tolist() == sorted(expect)
 
 
+def _and_operands(node):
+    """The operands of an ``&`` / ``and`` chain (nested chains flattened)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
+        return _and_operands(node.left) + _and_operands(node.right)
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+        return [o for v in node.values for o in _and_operands(v)]
+    return [node]
+
+
 def test_only_predicates_module_tests_pin_bits_or_compares_deadlines():
-    """One predicate, one place: other kernel modules call kernels.predicates for these decisions
-    (leases.py owns the grant rules: max-update and the group refresh threshold)."""
-    kernels = pathlib.Path(ek.__file__).parent
-    for path in kernels.glob("*.py"):
-        if path.name in ("predicates.py", "leases.py"):
+    """One predicate, one place, package-wide: nothing compares a lease or soft-pin deadline with
+    the clock, derives a replica's readability or tests "memory replica on a segment" itself; it
+    calls kernels.predicates (leases.py owns the grant rules: max-update and the group refresh
+    threshold; testing/reference.py is the independent model the tests compare the engine with).
+    Kernels also leave every flag bit test to it."""
+    package = pathlib.Path(ek.__file__).parent.parent
+    memory_kind = ("KIND_MEMORY", "_MEM", "_MEMORY", "ReplicaKind.MEMORY")
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        if name in ("kernels/predicates.py", "kernels/leases.py", "testing/reference.py"):
             continue
         tree = ast.parse(path.read_text())
-        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        assert not names & {"FLAG_HARD_PINNED", "FLAG_SOFT_PIN_ENABLED", "_HARD", "_SOFT_ENABLED"}, path.name
-        bit_tests = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.BinOp)  # not `& ~bit` (clearing)
-                     and isinstance(n.op, ast.BitAnd) and "flags" in ast.unparse(n.left)
-                     and not isinstance(n.right, ast.UnaryOp)]
-        assert not bit_tests, f"{path.name} tests flag bits itself: {bit_tests}"
+        if name.startswith("kernels/"):
+            names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            assert not names & {"FLAG_HARD_PINNED", "FLAG_SOFT_PIN_ENABLED", "_HARD", "_SOFT_ENABLED"}, name
+            bit_tests = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.BinOp)  # not `& ~bit`
+                         and isinstance(n.op, ast.BitAnd) and "flags" in ast.unparse(n.left)
+                         and not isinstance(n.right, ast.UnaryOp)]
+            assert not bit_tests, f"{name} tests flag bits itself: {bit_tests}"
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare):
                 text = ast.unparse(node)
-                assert not ("lease" in text and "now" in text), f"{path.name}: {text}"
-                assert "soft_deadline" not in text, f"{path.name}: {text}"
+                assert not (re.search(r"(?<![a-z])lease", text) and "now" in text), f"{name}: {text}"
+                assert "soft_deadline" not in text, f"{name}: {text}"
+            operands = [ast.unparse(o) for o in _and_operands(node)]
+            if len(operands) > 1:
+                text = ast.unparse(node)
+                assert not ("readable" in text and "complete" in text.lower()), f"{name} derives readability: {text}"
+                compares = [t for o, t in zip(_and_operands(node), operands) if isinstance(o, ast.Compare)]
+                assert not (any(k in t for t in compares for k in memory_kind)
+                            and any("seg" in t for t in compares)), f"{name} tests memory-on-segment: {text}"
 
 
 def test_sampled_selection_matches_full_sort():

@@ -8,10 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mooncake_columnar.kernels import hashing as hk
-from mooncake_columnar.kernels.allocation import free_extents_from_occupied
+from mooncake_columnar.kernels import rebuild
 from mooncake_columnar.kernels.index_load import (
     bulk_insert_unique,
-    gaps_in_offset_order,
     set_key_refs,
 )
 from mooncake_columnar.store.keys import string_buffers
@@ -109,7 +108,7 @@ def test_set_key_refs_rejects_an_overlong_key() -> None:
     assert hk.ref_offset(refs[1]) == 14 and hk.ref_length(refs[1]) == (1 << hk.KEY_LENGTH_BITS) - 1
 
 
-def test_gaps_in_offset_order_match_the_general_rebuild() -> None:
+def test_allocator_rebuild_in_offset_order_matches_the_sorted_one() -> None:
     rng = np.random.default_rng(3)
     n, n_seg = 5000, 3
     seg = rng.integers(0, n_seg, n)
@@ -122,15 +121,23 @@ def test_gaps_in_offset_order_match_the_general_rebuild() -> None:
         ends[seg[i]] = offsets[i] + sizes[i]
     capacity = ends + np.array([0, 7, 1000])  # segment 0 is full to the end
     unit_bits = np.zeros(n_seg, np.int64)
-    ok_, starts, lengths, bounds, used = gaps_in_offset_order(seg, offsets, sizes, capacity, unit_bits)
-    assert ok_
+    on = np.ones(n_seg, np.bool_)
+    status, _, starts, lengths, lo, hi, used = rebuild.free_extents_sorted(seg, offsets, sizes, on, capacity, unit_bits)
+    assert status == rebuild.OK
+    shuffled = np.random.default_rng(4).permutation(n)  # the sorted path
+    want = rebuild.free_extents_sorted(seg[shuffled], offsets[shuffled], sizes[shuffled], on, capacity, unit_bits)
+    assert want[0] == rebuild.OK
     for c in range(n_seg):
         mine = seg == c
-        want_starts, want_lengths, _ = free_extents_from_occupied(int(capacity[c]), offsets[mine], sizes[mine], 0)
-        assert np.array_equal(starts[bounds[c]:bounds[c + 1]], want_starts)
-        assert np.array_equal(lengths[bounds[c]:bounds[c + 1]], want_lengths)
-        assert used[c] == sizes[mine].sum()
-    for bad in ("out_of_order", "overlap", "past_capacity", "empty"):
+        ends = offsets[mine] + sizes[mine]
+        gap_starts, gap_ends = np.concatenate(([0], ends)), np.concatenate((offsets[mine], [capacity[c]]))
+        keep = gap_ends > gap_starts
+        assert np.array_equal(starts[lo[c]:hi[c]], gap_starts[keep])
+        assert np.array_equal(lengths[lo[c]:hi[c]], (gap_ends - gap_starts)[keep])
+        assert np.array_equal(want[2][want[4][c]:want[5][c]], gap_starts[keep])
+        assert used[c] == sizes[mine].sum() == want[6][c]
+    for bad, expect in (("out_of_order", rebuild.UNSORTED), ("overlap", rebuild.OVERLAP),
+                        ("past_capacity", rebuild.OUT_OF_RANGE), ("empty", rebuild.OUT_OF_RANGE)):
         o, z = offsets.copy(), sizes.copy()
         first, second = np.flatnonzero(seg == 1)[:2]
         if bad == "out_of_order":
@@ -141,4 +148,7 @@ def test_gaps_in_offset_order_match_the_general_rebuild() -> None:
             z[np.flatnonzero(seg == 0)[-1]] += 1
         else:
             z[first] = 0
-        assert not gaps_in_offset_order(seg, o, z, capacity, unit_bits)[0]
+        rows = np.ones((n, 1), np.uint8)
+        status = rebuild.free_extents(rebuild.all_rows(n), on, capacity, unit_bits, z, rows, rows * 0,
+                                      seg.astype(np.int32).reshape(n, 1), o.reshape(n, 1), np.empty(0, np.int32))[0]
+        assert status == expect, bad

@@ -1,14 +1,12 @@
 """RFC Phase 1 remount recovery: one recovery lease per remount, only after everything succeeded."""
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
-from mooncake_columnar import NEVER_LEASED, NO_DEADLINE, MasterService, PingStatus, ReplicateConfig, SoftPinAction
+from mooncake_columnar import NEVER_LEASED, NO_DEADLINE, PingStatus, ReplicateConfig, SoftPinAction
 from mooncake_columnar.errors import InvalidParams, MooncakeError, ObjectHasLease, ReplicaNotReady
+from mooncake_columnar.ha.standby import promoted_master
 from mooncake_columnar.policies.recovery import RecoveryFault
-from mooncake_columnar.snapshots.state import SnapshotState
 from mooncake_columnar.testing.builders import MB, make_master
 
 MS = 1_000_000
@@ -28,14 +26,7 @@ def promoted(clocks, *, segments=2, objects=(("a", 1, {}), ), **cfg):
         src.put_start(key, 4096, client_id="client0", config=ReplicateConfig(replica_num=replicas, **extra))
         src.put_end(key, client_id="client0")
         src.get_replica_list(key)  # a live lease on the primary: must NOT survive promotion
-    st = src.export_state()
-    n = st.objects.num_rows
-    objs = st.objects.set_column(st.objects.schema.get_field_index("lease_deadline_ns"),
-                                 st.objects.schema.field("lease_deadline_ns"), pa.array(np.full(n, NEVER_LEASED)))
-    objs = objs.set_column(objs.schema.get_field_index("soft_pin_deadline_ns"),
-                           objs.schema.field("soft_pin_deadline_ns"), pa.array(np.full(n, NO_DEADLINE)))
-    m = MasterService.from_state(SnapshotState(objs, st.replicas, st.segments, st.replica_next_id),
-                                 config=src.config, clocks=clocks, segments_readable=False)
+    m = promoted_master(src, config=src.config, clocks=clocks)
     for i in range(segments):
         m.liveness.touch(f"client{i}", 2**62)  # clients stay alive: readability is what is tested
     return m
