@@ -4,7 +4,8 @@
 One segment holds all ``objects`` objects: the RFC's worst case (nearly 1e8 objects per segment).
 Every sample remounts a fresh promoted master built in ``setup`` by the real promotion
 (``ha.standby.promoted_master``) from a cached filled master (a remount publishes the segment, so
-it cannot be repeated on the same master). Budget at 1e8 objects (ARCHITECTURE.md section 7): match + assign <= 0.5 s and
+it cannot be repeated on the same master). Budget at 1e8 objects (ARCHITECTURE.md section 7):
+match + assign <= 0.5 s and
 <= 3x a same-run NumPy copy of the lease column; visible window >= 9.9 s at 1e7 with a 10 s TTL.
 """
 from __future__ import annotations

@@ -52,7 +52,8 @@ def put_end_columns(entries: int) -> OpLogColumns:
         replica_id=(i + 1).astype(np.uint64), replica_kind=np.full(entries, ReplicaKind.MEMORY, np.uint8),
         replica_segment=(3 + i % SEGMENTS).astype(np.int32), replica_offset=(i * OBJECT_BYTES).astype(np.uint64),
         replica_size=(ones * OBJECT_BYTES).astype(np.uint64),
-        replica_status=np.full(entries, ReplicaStatus.COMPLETE, np.uint8), replica_endpoint=np.full(entries, 2, np.int32),
+        replica_status=np.full(entries, ReplicaStatus.COMPLETE, np.uint8),
+        replica_endpoint=np.full(entries, 2, np.int32),
         strings=pa.array(["default", "client-0", "", *SEGMENT_NAMES], pa.large_string()), segments=())
 
 

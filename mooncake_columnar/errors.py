@@ -199,7 +199,8 @@ class InvalidConfig(InvalidParams):
 
 _BY_CODE: dict[int, type[MooncakeError]] = {}
 for _cls in list(globals().values()):
-    if isinstance(_cls, type) and issubclass(_cls, MooncakeError) and _cls not in (MooncakeError, InvalidConfig, EngineInvariantError):
+    if (isinstance(_cls, type) and issubclass(_cls, MooncakeError)
+            and _cls not in (MooncakeError, InvalidConfig, EngineInvariantError)):
         _BY_CODE.setdefault(int(_cls.code), _cls)
 
 

@@ -198,7 +198,8 @@ def main() -> int:
             print(f"{name} {seg['name']} id={seg['segment_id']}: "
                   + ("PASS" if not bad else "FAIL " + "; ".join(bad))
                   + f" (segments after remount {len(p.get('after_remount', []))}, 1 MiB fills "
-                    f"{p.get('fill_1MiB_after_remount')}, buffers {chk.get('buffers')}, overlaps {chk.get('overlaps')})",
+                    f"{p.get('fill_1MiB_after_remount')}, buffers {chk.get('buffers')}, "
+                    f"overlaps {chk.get('overlaps')})",
                   flush=True)
     print(f"remount probes: {probes - failures}/{probes} pass")
     return 1 if failures else 0

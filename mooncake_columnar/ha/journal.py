@@ -70,7 +70,8 @@ def _replica_place(kind, segment):
 def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes, data_type,
                     replica_status, replica_id, replica_kind, replica_segment, replica_offset, more):
     """Per row: PUT_END if any kept slot (``keep[k, j]`` over the rows of the objects' replica
-    chains, ObjectTable.chains order, or with ``keep_complete`` the COMPLETE slots), else REMOVE. Per PUT_END row: object row, client code, group code (-1: none), size,
+    chains, ObjectTable.chains order, or with ``keep_complete`` the COMPLETE slots), else REMOVE. Per
+    PUT_END row: object row, client code, group code (-1: none), size,
     data type, pin flags and kept replica count; per kept replica (row order, then slot order):
     id, kind, segment code (-1 when not in memory), offset and size. One pass, so a single-key
     call is one kernel call rather than dozens of tiny NumPy operations."""

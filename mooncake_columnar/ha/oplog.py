@@ -4,7 +4,8 @@ An entry carries only what a standby needs to rebuild object metadata and replic
 RFC, "Standby metadata wire model"): tenant, key, client, size, replica descriptors, data type,
 group, hard_pinned, soft_pin_enabled, and the put start time (system ms: upstream's version
 epoch, a timestamp rather than a deadline; absent from older records, read as 0). Segment
-entries carry the segment's upstream id and host id (absent from older records: ""). Leases, soft-pin deadlines, remaining TTLs and read times are
+entries carry the segment's upstream id and host id (absent from older records: ""). Leases,
+soft-pin deadlines, remaining TTLs and read times are
 runtime state of the serving primary and are never logged; a promoted primary grants fresh leases.
 
 A batch is columns (:class:`OpLogColumns`), never one Python object per entry: the primary builds

@@ -14,7 +14,7 @@ from typing import Any, Callable, Union
 
 from ..errors import InvalidParams
 from ..schema import MAX_KEY_BYTES, ObjectDataType, ReplicaKind, ReplicaStatus
-from ..upstream_ids import is_upstream_uuid
+from ..store.upstream_ids import is_upstream_uuid
 
 _U64_MAX = 2**64 - 1
 _SEQ_MAX = 2**63 - 1  # sequence ids never wrap here; int64 keeps them exact in every consumer

@@ -57,7 +57,7 @@ class Reservation:
 
     first_sequence_id: int
     count: int
-    _writer: object = field(repr=False, compare=False)
+    writer: object = field(repr=False, compare=False)  # the OpLogWriter that made it
 
     @property
     def last_sequence_id(self) -> int:
@@ -181,7 +181,7 @@ class OpLogWriter:
                on_durable: DurableCallback | None = None) -> None:
         """Fill ``reservation`` with ``body`` (one entry per id); ``on_durable(batch)`` runs once all
         are durable, with the reservation's entries as a batch."""
-        if not isinstance(reservation, Reservation) or reservation._writer is not self:
+        if not isinstance(reservation, Reservation) or reservation.writer is not self:
             raise InvalidParams("reservation was not made by this writer")
         if not isinstance(body, OpLogColumns):
             ops = tuple(body)

@@ -9,7 +9,7 @@ from numba import njit
 from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
-from ..upstream_ids import is_upstream_uuid
+from ..store.upstream_ids import is_upstream_uuid
 
 from .report import _MEM, _ST_COMPLETE, _ST_EMPTY, _ST_PROCESSING, _fail, _row_name, _seg_name
 

@@ -10,7 +10,7 @@ from ..changelog import NOT_LOGGED, PendingChange
 from ..config import MasterConfig
 from ..errors import InvalidParams, UnavailableInCurrentStatus
 from ..store.segments import Segment, SegmentTable
-from ..upstream_ids import is_upstream_uuid
+from ..store.upstream_ids import is_upstream_uuid
 from ..validation import _require_int, _require_str
 from .recovery import RemountReport, recover_segments
 

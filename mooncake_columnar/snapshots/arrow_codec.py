@@ -206,7 +206,7 @@ def optional_payloads(digest: bytes | pa.Buffer) -> tuple[str, ...]:
     return tuple(name for name in OPTIONAL_PAYLOAD_FILES if isinstance(files, dict) and name in files)
 
 
-def _read_ipc(data: bytes | pa.Buffer, schema: pa.Schema | tuple[pa.Schema, ...], name: str) -> pa.Table:
+def read_ipc(data: bytes | pa.Buffer, schema: pa.Schema | tuple[pa.Schema, ...], name: str) -> pa.Table:
     """The table of one IPC file, zero-copy over ``data``, fully validated (offsets, dictionary
     indices, UTF-8: what later kernels index by) and of exactly ``schema``."""
     where = name
@@ -232,17 +232,18 @@ def decode_state(payloads: dict[str, bytes | pa.Buffer], *, check_unique_keys: b
     verify_digest(payloads)
     # Arrow validates without the GIL: the objects file (the largest) in a second thread
     with ThreadPoolExecutor(max_workers=1) as pool:
-        objects = pool.submit(_read_ipc, payloads[OBJECTS_FILE], OBJECTS_PAYLOAD_SCHEMA, OBJECTS_FILE)
-        replicas = _read_ipc(payloads[REPLICAS_FILE], REPLICAS_PAYLOAD_SCHEMA, REPLICAS_FILE)
+        objects = pool.submit(read_ipc, payloads[OBJECTS_FILE], OBJECTS_PAYLOAD_SCHEMA, OBJECTS_FILE)
+        replicas = read_ipc(payloads[REPLICAS_FILE], REPLICAS_PAYLOAD_SCHEMA, REPLICAS_FILE)
         # a segments file from before segment ids were kept: SnapshotState adds them as ""
-        segments = _read_ipc(payloads[SEGMENTS_FILE], (SEGMENTS_ARROW_SCHEMA, SEGMENTS_LEGACY_SCHEMA),
+        segments = read_ipc(payloads[SEGMENTS_FILE], (SEGMENTS_ARROW_SCHEMA, SEGMENTS_LEGACY_SCHEMA),
                              SEGMENTS_FILE)
         objects = objects.result()
     meta = replicas.schema.metadata or {}
     raw_next = meta.get(_NEXT_ID_KEY)
     if raw_next is None or not raw_next.isdigit() or (len(raw_next) > 1 and raw_next[:1] == b"0"):
         raise SnapshotSchemaError(f"{REPLICAS_FILE}: missing or malformed replica_next_id")
-    checksums = (_read_ipc(payloads[CHECKSUMS_FILE], CHECKSUMS_ARROW_SCHEMA, CHECKSUMS_FILE).replace_schema_metadata(None)
+    checksums = (read_ipc(payloads[CHECKSUMS_FILE], CHECKSUMS_ARROW_SCHEMA, CHECKSUMS_FILE)
+                 .replace_schema_metadata(None)
                  if CHECKSUMS_FILE in optional_payloads(payloads[DIGEST_FILE])
                  else CHECKSUMS_ARROW_SCHEMA.empty_table())
     state = SnapshotState(

@@ -223,7 +223,8 @@ def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
     whole and the next one is tried. The state ``build`` gets is validated already (cleanup keeps
     it so). ``build_checks_unique_keys``: the builder rejects duplicate (tenant, key) itself
     (MasterService.from_state does, while loading its key index). ``max_ttl_ns``: see
-    :func:`decode_candidate`, as ``max_decompressed_bytes``. Each rejection is recorded typed in ``stats.rejections`` (and as
+    :func:`decode_candidate`, as ``max_decompressed_bytes``. Each rejection is recorded typed
+    in ``stats.rejections`` (and as
     text in ``stats.failures``)."""
     stats = RestoreStats()
     for snapshot_id in repo.candidates():

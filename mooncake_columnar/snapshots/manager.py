@@ -27,7 +27,7 @@ import numpy as np
 from ..clock import Clocks
 from ..config import MasterConfig
 from ..errors import InvalidParams, NoUsableSnapshot, RollbackRefused, SnapshotStorageUnavailable
-from ..memory import FreeMemoryWarmer, prefault
+from .memory import FreeMemoryWarmer, prefault
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .complete import RestoreStats, max_granted_ttl_ns, restore_latest_with
 from .manifest import SnapshotIdAllocator
@@ -85,7 +85,8 @@ class SnapshotManager:
     ``v2_fallback_repo`` is given: the snapshot goes there as v2 (what this engine restores;
     ``fallback_snapshot_id`` on the error names it). Either way the refusal is raised from
     :meth:`snapshot_now` (the periodic thread logs it), counted in the ``snapshot_v1_refused``
-    metric and kept in :attr:`last_v1_refusal` until a v1 snapshot is published again. ``retention`` snapshots are kept (upstream
+    metric and kept in :attr:`last_v1_refusal` until a v1 snapshot is published again.
+    ``retention`` snapshots are kept (upstream
     ``snapshot_retention_count``, which must be >= 1) counting only published snapshots; an
     unpublished directory (a crashed writer's) is deleted once idle for ``unpublished_grace_s``
     (default: the repository's, 3600 s). ``prefault``: before writing to a local

@@ -17,7 +17,8 @@ shard) and a key filed in a shard it does not route to fail the candidate; every
 Not represented in :class:`SnapshotState` and therefore dropped on read: replication/offload tasks
 (``task_manager``), ``discarded_replicas`` (staging buffers whose memory a restart frees anyway)
 and the upstream allocator state (the extents say which memory is held). Kept, and written back:
-segment UUIDs and host ids, every object's put start time and the optional object checksum. Only MEMORY replicas are supported; any other replica type fails the
+segment UUIDs and host ids, every object's put start time and the optional object checksum.
+Only MEMORY replicas are supported; any other replica type fails the
 candidate. The writer derives each segment's allocator and each buffer's allocation handle from
 the extents (:mod:`.mooncake_v1_allocator`), since upstream cannot load a replica without them.
 """
@@ -62,7 +63,7 @@ from .mooncake_v1_allocator import (
 )
 from .repository import SnapshotRepository
 from .state import SnapshotState, with_usage
-from ..upstream_ids import first_bad_uuid
+from ..store.upstream_ids import first_bad_uuid
 
 METADATA_FILE = "metadata"
 SEGMENTS_FILE = "segments"

@@ -18,7 +18,7 @@ twice), so ``replicas.arrow`` carries it too, in its schema metadata where the d
 and a manifest that disagrees is rejected; payloads of writers from before it was recorded
 carry none.
 
-Decoding is strict and shares the complete snapshots' reader (:func:`arrow_codec._read_ipc`:
+Decoding is strict and shares the complete snapshots' reader (:func:`arrow_codec.read_ipc`:
 full Arrow validation, so offsets, UTF-8 of keys and names, exact schema, no nulls) before
 anything indexes a table; then the indexes the engine conversion relies on are checked. Every
 failure is a typed :class:`SnapshotError` naming the file, the field and, where known, the row.
@@ -59,7 +59,7 @@ from .arrow_codec import (
     OBJECTS_FILE,
     REPLICAS_FILE,
     SEGMENTS_FILE,
-    _read_ipc,
+    read_ipc,
     digest_of,
     verify_digest,
 )
@@ -184,7 +184,7 @@ def encode_standby(snapshot: StandbySnapshot) -> dict[str, bytes | pa.Buffer]:
 def _read(data: bytes | pa.Buffer, schemas: pa.Schema | tuple[pa.Schema, ...], name: str) -> pa.Table:
     """One payload through the complete snapshots' reader (full Arrow validation, exact schema)."""
     try:
-        return _read_ipc(data, schemas, name)
+        return read_ipc(data, schemas, name)
     except pa.ArrowException as e:  # what the reader does not map (an unsupported type or codec)
         raise SnapshotPayloadError(f"{name}: unreadable Arrow IPC file: {type(e).__name__}: {e}") from None
 

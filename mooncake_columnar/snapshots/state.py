@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..kernels import rebuild
 from ..kernels.offset_allocator_v1 import multiplier_bits
-from ..upstream_ids import first_bad_uuid
+from ..store.upstream_ids import first_bad_uuid
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
     KIND_MEMORY,
@@ -73,12 +73,12 @@ def check_table(table: pa.Table, schema: pa.Schema | tuple[pa.Schema, ...], name
     matched = next((s for s in schemas if canonical.equals(s, check_metadata=False)), None)
     if matched is None:
         raise SnapshotSchemaError(f"{name}: schema mismatch:\n{table.schema}\nexpected:\n{schemas[0]}")
-    for field, column in zip(table.schema, table.columns):
+    for column_field, column in zip(table.schema, table.columns):
         nulls = column.null_count
-        if pa.types.is_dictionary(field.type):
+        if pa.types.is_dictionary(column_field.type):
             nulls += sum(chunk.dictionary.null_count for chunk in column.chunks)
         if nulls:
-            raise SnapshotSchemaError(f"{name}.{field.name}: {nulls} nulls")
+            raise SnapshotSchemaError(f"{name}.{column_field.name}: {nulls} nulls")
     return matched
 
 
@@ -275,11 +275,11 @@ class SnapshotState:
         limit = int(now_ns) + int(max_ttl_ns)
         if limit >= INT64_MAX:
             return
-        for field in ("lease_deadline_ns", "soft_pin_deadline_ns"):
-            values = _np(self.objects, field)
+        for deadline in ("lease_deadline_ns", "soft_pin_deadline_ns"):
+            values = _np(self.objects, deadline)
             if values.size and int(values.max()) > limit:
                 row = int(np.argmax(values > limit))
-                raise SnapshotFieldError("objects", field, row,
+                raise SnapshotFieldError("objects", deadline, row,
                                          f"{int(values[row])} is {int(values[row]) - int(now_ns)} ns past the "
                                          f"clock's {int(now_ns)}, more than the longest TTL ({int(max_ttl_ns)} ns)")
 

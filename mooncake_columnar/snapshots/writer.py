@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..memory import warm_free_memory
+from .memory import warm_free_memory
 from .arrow_codec import state_payloads
 from .manifest import SnapshotIdAllocator, v1_manifest, v2_manifest
 from .repository import SnapshotRepository, stored_size

@@ -307,7 +307,8 @@ class ObjectTable:
         per_row = sum(dt.itemsize for dt in OBJECT_COLUMNS.values())
         per_row += self.slots * sum(dt.itemsize for dt in REPLICA_COLUMNS.values())
         per_row += self.replica_more.itemsize if self.replica_more.size else 0
-        return per_row * self.high_water + self.free_rows.nbytes + self.checksum_rows.nbytes + self.checksum_values.nbytes
+        return (per_row * self.high_water + self.free_rows.nbytes + self.checksum_rows.nbytes
+                + self.checksum_values.nbytes)
 
 
 def put_start_ms(rel: np.ndarray, base_ms: int | None) -> np.ndarray:

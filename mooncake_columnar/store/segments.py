@@ -23,7 +23,7 @@ from ..kernels import allocation as ak
 from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..schema import SEGMENTS_ARROW_SCHEMA
-from ..upstream_ids import new_upstream_uuid
+from .upstream_ids import new_upstream_uuid
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import os
 import random
 import resource
 import selectors
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,7 @@ _SELFTEST_CASES = ("segfault", "hang", "untyped", "rejected", "accepted")
 def _selftest_load(root: Path) -> MasterService:
     behaviour = (root / "case").read_text()
     if behaviour == "segfault":
-        faulthandler._sigsegv()
+        os.kill(os.getpid(), signal.SIGSEGV)
     elif behaviour == "hang":
         threading.Event().wait()  # never set: the parent's timeout ends it
     elif behaviour == "untyped":
@@ -212,7 +213,8 @@ def worker_main() -> None:
 
 class _Worker:
     def __init__(self, env: dict[str, str], stderr: Any) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_columnar.testing.fuzz", "--worker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_columnar.testing.fuzz", "--worker"],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]

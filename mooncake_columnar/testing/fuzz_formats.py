@@ -157,7 +157,8 @@ def v2_forge(files: Corpus, variant: int, rng: random.Random) -> Mutation:
     table = read_ipc(files[path])
     if target == "replica_next_id":
         value = str(rng.choice(EDGE_INTS + (2**64,))).encode()
-        table, what = table.replace_schema_metadata({b"mooncake.replica_next_id": value}), f"replica_next_id = {value!r}"
+        table = table.replace_schema_metadata({b"mooncake.replica_next_id": value})
+        what = f"replica_next_id = {value!r}"
     else:
         table, what = forge_table(table, rng)
     files[path] = write_ipc(table, _V2_COMPRESSION[variant])

@@ -92,7 +92,8 @@ def publish_unvalidated(repo: SnapshotRepository, state: SnapshotState, system_n
     sid = snapshot_id_for(system_ns)
     state = state.encoded()
     files = {OBJECTS_FILE: IpcPayload(state.objects, None, {}),
-             REPLICAS_FILE: IpcPayload(state.replicas, None, {NEXT_ID_METADATA_KEY: str(state.replica_next_id).encode()}),
+             REPLICAS_FILE: IpcPayload(state.replicas, None,
+                                       {NEXT_ID_METADATA_KEY: str(state.replica_next_id).encode()}),
              SEGMENTS_FILE: IpcPayload(state.segments, None, {})}
     repo.publish(sid, {**files, DIGEST_FILE: DigestPayload(files)}, v2_manifest(sid, system_ns, steady_ns).encode())
     return sid

@@ -285,7 +285,8 @@ def restore_lease_distribution(objects: int, *, downtime_ms: int, skew_ms: int, 
         restore_s = time.perf_counter() - t0
     restorer.advance(ns=round(restore_s * 1e9))  # publication: the restore's duration has passed
     after = restored.export_state().objects.select(["key", "lease_deadline_ns"])
-    joined = before.join(after, "key", left_suffix="_snapshot", right_suffix="_restored", use_threads=False)  # (state.py)
+    joined = before.join(after, "key", left_suffix="_snapshot", right_suffix="_restored",
+                         use_threads=False)  # (state.py)
     original = joined.column("lease_deadline_ns_snapshot").to_numpy() - c0
     converted = joined.column("lease_deadline_ns_restored").to_numpy() - c1
     published = converted - (restorer.steady_ns() - c1)

@@ -16,7 +16,8 @@ def test_from_state_rejects_duplicate_keys(clocks):
         m.put_start(k, 8, client_id="client0")
         m.put_end(k, client_id="client0")
     s = m.export_state()
-    objects = s.objects.set_column(1, s.objects.schema.field("key"), pa.array(["a", "a"], s.objects.schema.field("key").type))
+    key_field = s.objects.schema.field("key")
+    objects = s.objects.set_column(1, key_field, pa.array(["a", "a"], key_field.type))
     with pytest.raises(SnapshotIntegrityError, match="duplicate"):
         MasterService.from_state(SnapshotState(objects, s.replicas, s.segments, s.replica_next_id),
                                  config=m.config, clocks=clocks)

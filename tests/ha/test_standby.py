@@ -495,7 +495,8 @@ def segments_of(m: MasterService) -> set[tuple]:
 KEYS = [f"k{i}" for i in range(12)]
 op = st.one_of(
     st.tuples(st.just("put"), st.sampled_from(KEYS), st.integers(1, 4000), st.booleans(),
-              st.sampled_from(list(SoftPinAction)), st.sampled_from(["", "g1", "g2"]), st.sampled_from(["default", "t2"])),
+              st.sampled_from(list(SoftPinAction)), st.sampled_from(["", "g1", "g2"]),
+              st.sampled_from(["default", "t2"])),
     st.tuples(st.just("start"), st.sampled_from(KEYS), st.integers(1, 4000)),
     st.tuples(st.just("remove"), st.sampled_from(KEYS), st.booleans()),
     st.tuples(st.just("get"), st.sampled_from(KEYS)),

@@ -55,7 +55,7 @@ def test_phase3_v1_manifest_accepted() -> None:
     f"arrow-ipc|2.0.0|{SID}|5|",               # empty steady field
     f"arrow-ipc|2.0.0|{SID}|1|2|3",            # extra field
     f"messagepack|1.0.0|{SID}|1|2",            # v2 fields under v1
-    f"messagepack|1.0.0",
+    "messagepack|1.0.0",
 ])
 def test_phase3_missing_clock_fields_rejected(text: str) -> None:
     with pytest.raises(ManifestError):

@@ -30,7 +30,7 @@ from mooncake_columnar.snapshots.standby import OBJECTS_FILE, decode_standby, en
 from mooncake_columnar.snapshots.state import SnapshotState
 from mooncake_columnar.store.objects import PUT_START_SPAN, ObjectTable
 from mooncake_columnar.testing.fuzz_mutate import write_ipc
-from mooncake_columnar.upstream_ids import is_upstream_uuid
+from mooncake_columnar.store.upstream_ids import is_upstream_uuid
 from tests.fixtures import MOONCAKE_V1 as FIXTURES
 
 MB, GIB = 1 << 20, 1 << 30
@@ -194,8 +194,10 @@ def _old_wire(batch: oplog.OpLogBatch, drop_put: tuple[str, ...] = (), drop_segm
 def test_oplog_records_written_before_segment_ids_and_put_starts_still_decode_and_apply():
     rep = oplog.ReplicaDescriptor(1, 0, "a", 0, 100, int(ReplicaStatus.COMPLETE))
     batch = oplog.OpLogBatch(1, (
-        oplog.OpLogEntry(1, oplog.OpType.SEGMENT_MOUNT, "default", "a", oplog.SegmentPayload("a", "e:1", MB, CLIENT, SEG_ID, "h")),
-        oplog.OpLogEntry(2, oplog.OpType.PUT_END, "default", "k", oplog.PutEndPayload(CLIENT, 100, (rep,), 0, "", put_start_time_ms=7)),
+        oplog.OpLogEntry(1, oplog.OpType.SEGMENT_MOUNT, "default", "a",
+                         oplog.SegmentPayload("a", "e:1", MB, CLIENT, SEG_ID, "h")),
+        oplog.OpLogEntry(2, oplog.OpType.PUT_END, "default", "k",
+                         oplog.PutEndPayload(CLIENT, 100, (rep,), 0, "", put_start_time_ms=7)),
     ))
     old = oplog.decode_batch(_old_wire(batch, ("put_start_time_ms",), ("segment_id", "host_id")))
     seg, put_end = old.entries[0].payload, old.entries[1].payload

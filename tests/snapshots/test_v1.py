@@ -245,12 +245,14 @@ def test_write_v1_round_trips(tmp_path: Path) -> None:
     remap = np.empty(n, np.int64)
     remap[order] = np.arange(n)
     reps = back.replicas
-    key = lambda t, idx: sorted(zip(idx, t.column("replica_id").to_pylist(), t.column("segment").to_pylist(),
-                                    t.column("offset").to_pylist(), t.column("size").to_pylist(),
-                                    t.column("status").to_pylist()))
+    def key(t, idx):
+        return sorted(zip(idx, t.column("replica_id").to_pylist(), t.column("segment").to_pylist(),
+                           t.column("offset").to_pylist(), t.column("size").to_pylist(),
+                           t.column("status").to_pylist()))
     assert key(reps, remap[reps.column("object_index").to_numpy()].tolist()) == \
         key(state.replicas, state.replicas.column("object_index").to_pylist())
-    by_name = lambda t: t.sort_by("name")  # v1 keys segments by UUID, so row order differs
+    def by_name(t):
+        return t.sort_by("name")  # v1 keys segments by UUID, so row order differs
     assert by_name(back.segments).equals(by_name(state.segments))
     assert back.replica_next_id == state.replica_next_id
 
