@@ -19,7 +19,10 @@ demo: $(VENV)/.installed
 # stay debuggable and coverable without the JIT; their uint64 hashes wrap on purpose, hence the
 # silenced NumPy overflow warnings.
 test: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
+	# the kernel tests again as plain Python: the kernels' logic, not only their compiled form
 	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -m kernels -W "ignore:overflow encountered:RuntimeWarning"
 
 soak: $(VENV)/.installed  # the default run soaks for 20 s; this one for 10 minutes
