@@ -357,7 +357,7 @@ class MasterService:
             raise SegmentAlreadyExists(f"segment {seg.name!r} is mounted with different parameters")
         if seg.segment_id in table.by_id:
             raise SegmentAlreadyExists(f"segment id {seg.segment_id!r} is already mounted as "
-                                       f"{table.info[table.by_id[seg.segment_id]].name!r}")
+                                       f"{table.mounted(table.by_id[seg.segment_id]).name!r}")
         seg = replace(seg, segment_id=seg.segment_id or table.fresh_id())
         journaled = seg_policy.journal_segments(self, [seg], mounted=True)
         table.mount(seg)
