@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, overload
 
 import numpy as np
 import pyarrow as pa
@@ -163,6 +163,11 @@ class MasterService:
             verify_engine(self)
 
     # ================================================================================ eviction
+    @overload
+    def evict(self, target: float, lower: float | None = None) -> "ev.EvictionReport": ...
+    @overload
+    def evict(self, target: None = None, lower: float | None = None) -> "ev.EvictionReport | None": ...
+
     @_locked
     def evict(self, target: float | None = None, lower: float | None = None) -> "ev.EvictionReport | None":
         """One BatchEvict cycle. Without arguments: only when above the high watermark or armed
