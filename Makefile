@@ -19,6 +19,7 @@ demo: $(VENV)/.installed
 # stay debuggable and coverable without the JIT; their uint64 hashes wrap on purpose, hence the
 # silenced NumPy overflow warnings.
 test: $(VENV)/.installed
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -m kernels -W "ignore:overflow encountered:RuntimeWarning"
 
