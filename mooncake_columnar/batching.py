@@ -125,7 +125,7 @@ def index_state(m: "MasterService") -> tuple:
 
 
 def read_in_chunks(m: "MasterService", offsets: np.ndarray, data: np.ndarray, tenant_id: str,
-                   finish: Callable[[np.ndarray], T]) -> list[tuple[int, T]]:
+                   finish: Callable[[np.ndarray, np.ndarray], T]) -> list[tuple[int, T]]:
     """The batch reads (get, exist): every key is looked up first, chunk by chunk, then the
     same chunks are classified (leases granted) and finished by ``finish(rows, codes)``.
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import _thread
 from time import monotonic
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 TURN_S = 0.005      # a turn: once threads have waited this long, the holder queues behind them
 IDLE_SLACK_S = 0.005  # a waiter wakes on its own this long after its turn was due (a holder
@@ -51,8 +51,12 @@ def _wake(waiter: _thread.LockType) -> None:
         pass
 
 
-class MasterLock(_thread.RLock):
+class MasterLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; subclassed for its C speed (docstring)
     """A reentrant lock taken in turns, for the one lock of a MasterService."""
+
+    if TYPE_CHECKING:
+        def _is_owned(self) -> bool:
+            """The C RLock's own method (typeshed does not declare it): this thread holds the lock."""
 
     def __init__(self) -> None:
         self._meta = _thread.allocate_lock()   # guards ``waiters`` changes (never held long)
@@ -83,7 +87,9 @@ class MasterLock(_thread.RLock):
 
     def _settle(self) -> None:
         try:
-            self.settle()
+            settle = self.settle
+            assert settle is not None  # take() and yield_turn() call this only when work is pending
+            settle()
         except BaseException:
             self.leave()  # the caller's try/finally has not begun
             raise
@@ -193,7 +199,7 @@ class MasterLock(_thread.RLock):
             _wake(head)  # one-call turns: the next waiter goes right after this call
 
     # ---- ``with lock:`` ------------------------------------------------------------------------
-    def __enter__(self) -> bool:
+    def __enter__(self) -> bool:  # type: ignore[override]  # `with` passes no arguments to __enter__
         self.take()
         return True
 

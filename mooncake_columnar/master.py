@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, overload
 
 import numpy as np
 import pyarrow as pa
@@ -163,6 +163,11 @@ class MasterService:
             verify_engine(self)
 
     # ================================================================================ eviction
+    @overload
+    def evict(self, target: float, lower: float | None = None) -> "ev.EvictionReport": ...
+    @overload
+    def evict(self, target: None = None, lower: float | None = None) -> "ev.EvictionReport | None": ...
+
     @_locked
     def evict(self, target: float | None = None, lower: float | None = None) -> "ev.EvictionReport | None":
         """One BatchEvict cycle. Without arguments: only when above the high watermark or armed
@@ -357,7 +362,7 @@ class MasterService:
             raise SegmentAlreadyExists(f"segment {seg.name!r} is mounted with different parameters")
         if seg.segment_id in table.by_id:
             raise SegmentAlreadyExists(f"segment id {seg.segment_id!r} is already mounted as "
-                                       f"{table.info[table.by_id[seg.segment_id]].name!r}")
+                                       f"{table.mounted(table.by_id[seg.segment_id]).name!r}")
         seg = replace(seg, segment_id=seg.segment_id or table.fresh_id())
         journaled = seg_policy.journal_segments(self, [seg], mounted=True)
         table.mount(seg)

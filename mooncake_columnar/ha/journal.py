@@ -43,6 +43,8 @@ def _dictionary(codes: np.ndarray, name_of: Callable[[int], str]) -> tuple[np.nd
     per distinct value, never per row."""
     if codes.size == 0:  # e.g. the client column of a batch of REMOVEs
         return np.zeros(0, np.int32), []
+    distinct: np.ndarray
+    local: np.ndarray
     if codes.size == 1 or (codes == codes[0]).all():  # the usual case: one value
         distinct, local = codes[:1], np.zeros(codes.size, np.int32)
     else:
@@ -179,7 +181,7 @@ class Journal:
         for name, codes, name_of in (
                 ("tenant", o.tenant[rows], m.tenants.name), ("client", client, m.clients.name),
                 ("group", group, m.group_names.__getitem__),
-                ("replica_segment", seg, lambda c: m.segments.info[c].name if c < _OWNER_BASE
+                ("replica_segment", seg, lambda c: m.segments.mounted(c).name if c < _OWNER_BASE
                  else m.clients.name(c - _OWNER_BASE))):
             local, names = _dictionary(codes, name_of)
             coded[name] = local + np.int32(len(strings))
@@ -244,7 +246,10 @@ class Journal:
             m.charge(part, -1)  # the tenant ledger follows statuses: hidden bytes leave it now
             o.replica_status[chain[r_idx], slot] = _REMOVED  # hidden now: unreadable, not evictable
             m.charge(part, +1)
-            self.writer.submit(res, body, on_durable=lambda _batch, p=chain, i=ids: self.finalize(p, i))
+
+            def on_durable(_batch: object, p: np.ndarray = chain, i: np.ndarray = ids) -> None:
+                self.finalize(p, i)
+            self.writer.submit(res, body, on_durable=on_durable)
             done += part.size
         return done
 
@@ -266,11 +271,12 @@ class Journal:
 class PendingEntries:
     """Reserved entries whose change is being made: exactly one of submit() or cancel()."""
 
-    def __init__(self, res: Reservation | None, body: OpLogColumns | None, writer: OpLogWriter | None) -> None:
+    def __init__(self, res: Reservation | None, body: OpLogColumns | None, writer: OpLogWriter) -> None:
         self._res, self._body, self._writer = res, body, writer
 
     def submit(self) -> None:
         if self._res is not None:
+            assert self._body is not None  # reserved entries always come with their body
             self._writer.submit(self._res, self._body)
 
     def cancel(self) -> None:

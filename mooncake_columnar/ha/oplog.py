@@ -326,12 +326,12 @@ class OpLogColumns:
         for name in ("data_type", "replica_kind", "replica_status"):
             enum(name)
         for name in ("hard_pinned", "soft_pin_enabled"):
-            check(name, a[name] > 1, lambda i, n=name: f"expected a bool (0 or 1), got {a[n][i]}")
+            check(name, a[name] > 1, lambda i: f"expected a bool (0 or 1), got {a[name][i]}")
             a[name] = a[name].view(np.bool_)
         strings = _checked_strings(a, "string", where, nonempty=False)
         for name in _CODE_ARRAYS:
             check(name, (a[name] < 0) | (a[name] >= len(strings)),
-                  lambda i, n=name: f"string code {a[n][i]} outside the table of {len(strings)}")
+                  lambda i: f"string code {a[name][i]} outside the table of {len(strings)}")
         lengths = np.diff(a["string_offsets"])
         check("tenant", lengths[a["tenant"]] == 0, lambda i: "must not be empty")
         _checked_strings(a, "key", where, nonempty=True)

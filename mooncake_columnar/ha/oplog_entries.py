@@ -99,7 +99,7 @@ def _enum(cls: type[IntEnum]) -> _Check:
 
 def _trusted(cls: type, fields: dict[str, Any]) -> Any:
     """Build a frozen dataclass from fields the decoder already checked (skips re-validation)."""
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     obj.__dict__.update(fields)  # frozen dataclasses keep their fields in __dict__
     return obj
 

@@ -431,7 +431,8 @@ class EtcdOpLogStore:
         _check_seq_arg("after_seq", after_seq)
         prefix, rev = self._prefix()
         if after_seq >= prefix:
-            return _plan_read([], prefix, after_seq, limit)  # [] or the regression error
+            _plan_read([], prefix, after_seq, limit)  # raises the regression or a bad limit, else nothing to read
+            return []
         # Only the newest batch starting at or before after_seq + 1 is needed from the older part.
         anchor = self._firsts(self.batches_prefix, self._batch_key(after_seq + 1) + "\0", rev,
                               sort_order="DESCEND", sort_target="KEY", limit=1)

@@ -341,8 +341,8 @@ def _check_allocators(m: "MasterService", ascending: np.ndarray) -> None:
         err = _tile_rows(*cols, units, cap, alloc, *extents, state)
     else:
         starts, ends, bounds = _gather_held(*cols, units, cap)
-        for code in np.flatnonzero(~ascending):  # sort only the segments that need it
-            lo, hi = bounds[code], bounds[code + 1]
+        for unsorted in np.flatnonzero(~ascending):  # sort only the segments that need it
+            lo, hi = bounds[unsorted], bounds[unsorted + 1]
             starts[lo:hi].sort()
             ends[lo:hi].sort()
         err = _tile_sorted(starts, ends, bounds, cap, alloc, *extents, state)

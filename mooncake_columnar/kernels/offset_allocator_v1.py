@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 UNUSED = 0xFFFFFFFF  # upstream's "no node" index
@@ -57,7 +58,7 @@ def bin_size(bins: np.ndarray) -> np.ndarray:
                     (mantissa | (1 << MANTISSA_BITS)) << np.maximum(exponent - 1, 0))
 
 
-def multiplier_bits(capacity: np.ndarray) -> np.ndarray:
+def multiplier_bits(capacity: npt.ArrayLike) -> np.ndarray:
     """Per segment, the fewest bits a byte size is shifted by so it fits the largest bin."""
     capacity = np.asarray(capacity, np.int64)
     bits = np.zeros(capacity.shape, np.int64)

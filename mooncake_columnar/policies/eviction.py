@@ -108,7 +108,7 @@ class _Planner:
         self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
                         + self.counts[ek.SOFT_PINNED_CANDIDATE])
-        self.picked: list[np.ndarray] = []  # ascending row sets, while no pass had to walk groups
+        self.picked: list[np.ndarray] | None = []  # ascending row sets, while no pass had to walk groups
         self.count = 0
         self.freed_bytes = 0
 
@@ -145,6 +145,7 @@ class _Planner:
     def _mark(self, rows: np.ndarray, code: int, mark: int) -> int:
         self.codes[rows] = mark
         self.counts[code] -= rows.size
+        assert self.picked is not None  # only the usual case marks here, while picked is kept
         self.picked.append(rows)
         self.count += rows.size
         return int(rows.size)

@@ -83,6 +83,7 @@ def complete_offload(m: "MasterService", row: int, client_id: str, what: str) ->
     o.replica_refcnt[s.offloads.slot_rows[pos], s.offloads.slots[pos]] -= 1
     s.offloads.keep(np.arange(len(s.offloads)) != pos)
     if res is not None:  # PUT_END with every complete replica, the new LOCAL_DISK one included
+        assert m.journal is not None  # res was reserved from it
         m.journal.submit_put_ends(res, np.array([row], np.int64))
 
 

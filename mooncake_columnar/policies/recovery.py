@@ -81,13 +81,13 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     rebuilt = free_space(o, seg, bits, int(matched), on)  # nothing installed until all rebuilt cleanly
     rebuild_s = time.perf_counter() - t_rebuild
     saved = {c: (seg.extent_starts[c], seg.extent_lengths[c], int(seg.extent_counts[c]), int(seg.used[c]),
-                 seg.info[c]) for c in codes}
+                 seg.mounted(c)) for c in codes}
     try:
         step("replace_buffers")
         rebuilt.install(seg, codes)
         for code, req in segments:
             # the client's base, and its segment id and host id where it tells them
-            old = seg.info[code]
+            old = seg.mounted(code)
             seg.replace_info(code, Segment(req.name, req.endpoint, client, req.base, req.size,
                                            req.segment_id or old.segment_id, req.host_id or old.host_id))
         step("verify")
@@ -95,7 +95,7 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
             n = int(seg.extent_counts[code])
             free = int(seg.extent_lengths[code][:n].sum())
             if free + int(seg.used[code]) != int(seg.capacity[code]):
-                raise EngineInvariantError("allocator_adds_up", f"segment {seg.info[code].name!r}: "
+                raise EngineInvariantError("allocator_adds_up", f"segment {seg.mounted(code).name!r}: "
                                            "free and used bytes do not add up after the rebuild")
         step("assign")
     except BaseException:

@@ -54,12 +54,14 @@ def require_client(config: MasterConfig, client_id: object) -> str:
 def requested_segment(config: MasterConfig, name: object, endpoint: object, client: object, base: object,
                       size: object, segment_id: object, host_id: object) -> Segment:
     """A validated mount request (segment id "" when the request names none)."""
-    if segment_id is not None and not is_upstream_uuid(segment_id):
+    if segment_id is None:
+        segment_id = ""
+    elif not isinstance(segment_id, str) or not is_upstream_uuid(segment_id):
         raise InvalidParams(f"segment_id must be an upstream UUID string \"<u64>-<u64>\", "
                             f"got {segment_id!r}")
     return Segment(_require_str("name", name), _require_str("endpoint", endpoint),
                    require_client(config, client), _require_int("base", base, 1),
-                   _require_int("size", size, 1), segment_id or "",
+                   _require_int("size", size, 1), segment_id,
                    _require_str("host_id", host_id, allow_empty=True))
 
 
@@ -79,7 +81,7 @@ def unmount(m: "MasterService", codes: Iterable[int]) -> None:
     """Unmount segments ``codes``, each journaled before it is made."""
     s = m.store
     for code in codes:
-        journaled = journal_segments(m, [s.segments.info[code]], mounted=False)
+        journaled = journal_segments(m, [s.segments.mounted(code)], mounted=False)
         s.unmount_segment(code)
         journaled.submit()
 
@@ -132,7 +134,7 @@ def _validated_request(m: "MasterService", client: str,
             # upstream ValidateStandbyRemountSegment: a standby segment matched by endpoint
             # must match by name too (else the real segment would stay unreadable forever)
             raise InvalidParams(f"segment {seg.name!r} has the endpoint of standby segment "
-                                f"{table.info[by_endpoint].name!r} but another name")
+                                f"{table.mounted(by_endpoint).name!r} but another name")
         if seg.segment_id:
             by_id = table.code_of_id(seg.segment_id)
             if by_id >= 0 and by_id != code or seg.segment_id in claimed:
@@ -162,8 +164,10 @@ def remount(m: "MasterService", client_id: str, segments: Sequence[Segment | dic
     client = require_client(m.config, client_id)
     table = m.store.segments
     plain, restored = _validated_request(m, client, segments)
-    renamed = [replace(table.info[c], segment_id=seg.segment_id or table.info[c].segment_id,
-                       host_id=seg.host_id or table.info[c].host_id) for c, seg in restored]
+    renamed: list[Segment] = []
+    for c, seg in restored:
+        old = table.mounted(c)
+        renamed.append(replace(old, segment_id=seg.segment_id or old.segment_id, host_id=seg.host_id or old.host_id))
     journaled = journal_segments(m, plain + renamed, mounted=True)
     rec = None
     if restored:

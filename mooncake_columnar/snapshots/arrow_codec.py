@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 import xxhash
@@ -32,6 +32,9 @@ from ..schema import (
 )
 from .state import SnapshotState, check_table
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
 OBJECTS_FILE = "objects.arrow"
 REPLICAS_FILE = "replicas.arrow"
 SEGMENTS_FILE = "segments.arrow"
@@ -43,7 +46,7 @@ CHECKSUMS_FILE = "checksums.arrow"
 OPTIONAL_PAYLOAD_FILES = (CHECKSUMS_FILE,)
 DIGEST_VERSION = 2
 # digest version -> (entry field, checksum of a bytes-like)
-_CHECKSUMS: dict[int, tuple[str, Callable[[object], str]]] = {
+_CHECKSUMS: dict[int, tuple[str, Callable[[Buffer], str]]] = {
     1: ("sha256", lambda data: hashlib.sha256(data).hexdigest()),
     2: ("xxh3_128", lambda data: xxhash.xxh3_128_hexdigest(data)),
 }
@@ -97,6 +100,7 @@ class IpcPayload:
         upload that failed part-way: its backup copy still gets a complete digest)."""
         if self.checksum is None:
             self.write_to(pa.MockOutputStream())
+        assert self.size is not None and self.checksum is not None  # a completed write sets both
         return self.size, self.checksum
 
 

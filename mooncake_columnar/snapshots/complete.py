@@ -191,6 +191,7 @@ def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks,
                                  restore_steady_ns=restore_steady_ns)
         # after the conversion, so a pair that overflows it still counts as a conversion failure
         check_clock_pair(manifest)
+        assert manifest.steady_now_ns is not None  # set exactly for v2
         try:
             decoded.check_deadline_horizon(manifest.steady_now_ns, max_ttl_ns)
         except SnapshotFieldError as e:

@@ -20,7 +20,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 
@@ -211,6 +211,11 @@ class SnapshotManager:
             log.exception("snapshot retention failed in the v2 fallback repository after %s", fid)
         log.warning("v1 rollback refused: the state was published as v2 snapshot %s in the fallback "
                     "repository", fid)
+
+    @overload
+    def snapshot_now(self, *, background: Literal[False] = False) -> str: ...
+    @overload
+    def snapshot_now(self, *, background: bool) -> str | Future[str]: ...
 
     def snapshot_now(self, *, background: bool = False) -> str | Future[str]:
         """Freeze now and publish; returns the snapshot id, or its Future when ``background``.

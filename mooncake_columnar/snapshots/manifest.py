@@ -157,6 +157,7 @@ def check_clock_pair(manifest: SnapshotManifest) -> None:
     id_ms = snapshot_id_ms(manifest.snapshot_id)
     if id_ms is None:
         raise ManifestClockError(f"snapshot id {manifest.snapshot_id} is not a calendar time")
+    assert manifest.system_now_ns is not None  # set exactly for v2
     system_ms = manifest.system_now_ns // NS_PER_MS
     if system_ms > id_ms:
         raise ManifestClockError(f"system_now_ns {manifest.system_now_ns} is {system_ms - id_ms} ms after the "

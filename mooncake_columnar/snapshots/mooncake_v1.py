@@ -469,7 +469,8 @@ def encode_v1(state: SnapshotState, *, system_now_ns: int, steady_now_ns: int
 def _segments_blob(segments: pa.Table, seg_uuid: list[str], allocators: SegmentAllocators,
                    compressor: zstandard.ZstdCompressor) -> bytes:
     seg_names = segments.column("name").to_pylist()
-    mounted, owners = {}, {}
+    mounted: dict[str, list] = {}
+    owners: dict[str, list[str]] = {}
     for row, (uid, name, endpoint, client, base, size, host_id) in enumerate(zip(
             seg_uuid, seg_names, *(segments.column(c).to_pylist() for c in (
                 "endpoint", "client", "base", "size", "host_id")))):

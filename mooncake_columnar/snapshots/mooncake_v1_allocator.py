@@ -265,7 +265,7 @@ class SegmentAllocators:
         nodes = np.zeros(cap, NODE_DTYPE)
         for name in _LINKS:
             nodes[name] = UNUSED
-        for name in NODE_DTYPE.names:  # NodeLayout names its columns like the node fields
+        for name in NODE_DTYPE.names or ():  # NodeLayout names its columns like the node fields (a structured dtype)
             nodes[name][:hi - lo] = getattr(lay, name)[lo:hi]
         base, units = int(self.base[row]), int(self.capacity[row]) >> int(self.bits[row])
         return AllocatorState(

@@ -19,6 +19,7 @@ module fails closed:
 """
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, TypeAlias
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -76,12 +77,13 @@ DEFAULT_UNPUBLISHED_GRACE_S = 3600.0
 
 # What a file is written from: bytes-like, or an object that streams itself (``write_to(sink)``,
 # e.g. arrow_codec.IpcPayload: the Arrow file is produced straight into the destination).
-Data = bytes | pa.Buffer | Any
+Data: TypeAlias = bytes | pa.Buffer | Any
 
 
 def stored_size(data: Data) -> int:
     """Bytes ``data`` occupies once written (a streamed payload knows after its write)."""
-    return data.size if hasattr(data, "write_to") else len(data)
+    # hasattr(write_to) rules bytes out, but mypy does not narrow a union by hasattr
+    return data.size if hasattr(data, "write_to") else len(data)  # type: ignore[union-attr]
 
 
 def _write(out: pa.NativeFile, data: Data) -> None:
@@ -195,7 +197,7 @@ class SnapshotRepository:
 
     def _inside_root(self, path: str) -> bool:
         """Local: ``path`` (following symlinks) stays inside the root. Always true on S3."""
-        if not self._local:
+        if self._real_root is None:  # not local
             return True
         real = os.path.realpath(path)
         return real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)
@@ -286,7 +288,7 @@ class SnapshotRepository:
                    if info.type == pafs.FileType.File)
 
     # ---- publication ----------------------------------------------------------------------------
-    def publish(self, snapshot_id: str, payloads: dict[str, Data], manifest: str) -> None:
+    def publish(self, snapshot_id: str, payloads: Mapping[str, Data], manifest: str) -> None:
         """Upload payloads (in order), then ``manifest.txt`` LAST, then ``latest.txt``.
 
         Without a backup dir the first failure raises. With one, every payload upload is attempted
@@ -333,7 +335,7 @@ class SnapshotRepository:
             raise SnapshotPublishError(f"snapshot {snapshot_id}: upload failed for {failed}; "
                                        f"saved to {self.backup_dir}", tuple(failed))
 
-    def _save_backup(self, snapshot_id: str, payloads: dict[str, Data], manifest: bytes) -> None:
+    def _save_backup(self, snapshot_id: str, payloads: Mapping[str, Data], manifest: bytes) -> None:
         assert self.backup_dir is not None
         target = self.backup_dir / SAVE_BACKUP_DIR / check_path_part("snapshot_id", snapshot_id)
         target.mkdir(parents=True, exist_ok=True)
@@ -394,12 +396,12 @@ class SnapshotRepository:
             return CandidatePlan(ids, None, notes)
         return CandidatePlan([latest] + [i for i in ids if i != latest], latest)
 
-    def candidates(self) -> list[str]:
+    def candidates(self) -> builtins.list[str]:
         """:meth:`candidate_plan`'s order."""
         return self.candidate_plan().ids
 
     # ---- reading --------------------------------------------------------------------------------
-    def read_manifest(self, snapshot_id: str, notes: list[str] | None = None) -> bytes:
+    def read_manifest(self, snapshot_id: str, notes: builtins.list[str] | None = None) -> bytes:
         """``manifest.txt`` of one snapshot, checked: at most 4 KiB of ASCII naming this
         snapshot; a v1/v2 manifest must parse strictly (a v2 checksum must match).
 
@@ -510,26 +512,26 @@ class SnapshotRepository:
                 return f"payload {name}: {sizes.get(name)} bytes present, {DIGEST_FILE} says {size!r}"
         return None
 
-    def published(self) -> list[str]:
+    def published(self) -> builtins.list[str]:
         """Ids of the published snapshots (:meth:`unpublished_reason`), newest first."""
         return [sid for sid in self.list() if self.unpublished_reason(sid) is None]
 
     def _last_activity_ms(self, snapshot_id: str) -> float | None:
         """The newest of the id's own time and the mtimes of the directory and its files (Unix
         ms), or None when nothing tells (then the directory is never judged stale)."""
-        times = [snapshot_id_ms(snapshot_id)]
+        times: builtins.list[float | None] = [snapshot_id_ms(snapshot_id)]
         path = self._dir(snapshot_id)
         if self._local and os.path.islink(path):  # the link's own time: never look through it
             times.append(os.lstat(path).st_mtime_ns / 1e6)
         else:
             infos = [self._info(path), *self._ls(path)]
             times += [info.mtime_ns / 1e6 for info in infos if info.mtime_ns is not None]
-        times = [t for t in times if t is not None]
-        return max(times) if times else None
+        known = [t for t in times if t is not None]
+        return max(known) if known else None
 
     # ---- retention ------------------------------------------------------------------------------
     def retain(self, count: int, *, unpublished_grace_s: float | None = None,
-               now_ms: float | None = None) -> list[str]:
+               now_ms: float | None = None) -> builtins.list[str]:
         """Keep the newest ``count`` *published* snapshots and the one latest.txt names; delete
         the other published ones, and unpublished directories idle for longer than
         ``unpublished_grace_s`` (default: the repository's). Returns the deleted ids, newest first.

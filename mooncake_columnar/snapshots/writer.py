@@ -8,11 +8,12 @@ given state) all write through :func:`publish_state`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from .memory import warm_free_memory
 from .arrow_codec import state_payloads
 from .manifest import SnapshotIdAllocator, v1_manifest, v2_manifest
-from .repository import SnapshotRepository, stored_size
+from .repository import Data, SnapshotRepository, stored_size
 from .state import SnapshotState
 
 
@@ -32,6 +33,7 @@ def publish_state(repo: SnapshotRepository, state: SnapshotState, system_now_ns:
     could not load). ``keys_known_unique``: the state comes from an engine, whose key index
     guarantees unique keys. ``prefault``: warm about the payloads' bytes of fresh memory before
     writing to a local repository (see :mod:`..memory`)."""
+    payloads: Mapping[str, Data]
     if v1:
         from .mooncake_v1 import encode_v1  # the v1 codec imports this module for write_v1
         payloads = encode_v1(state.plain(), system_now_ns=system_now_ns, steady_now_ns=steady_now_ns)

@@ -88,7 +88,7 @@ class TableRehash:
     def __init__(self, keys: "KeyIndex", capacity: int) -> None:
         self.keys, self.capacity = keys, capacity
         self.units = capacity + keys.table.shape[0]
-        self.phase_starts = (capacity,)
+        self.phase_starts: tuple[int, ...] = (capacity,)
         self.new = np.empty(capacity, np.int64)  # untouched until a step (a fill costs ms)
 
     def step(self, lo: int, hi: int) -> None:

@@ -47,7 +47,8 @@ class Chains:
 
     def any(self, mask: np.ndarray) -> np.ndarray:
         """Per object: some slot of ``mask`` (a (len(rows), R) matrix) is set."""
-        return self.count(mask) > 0 if self.rows.size != self.n else mask.any(axis=1)
+        # (mask is 2-D, so any(axis=1) is an array; numpy's stubs also allow a scalar)
+        return self.count(mask) > 0 if self.rows.size != self.n else mask.any(axis=1)  # type: ignore[return-value]
 
     def count(self, mask: np.ndarray) -> np.ndarray:
         per_row = mask.sum(axis=1)

@@ -42,7 +42,7 @@ def free_space(o: ObjectTable, segments: SegmentTable, bits: np.ndarray, matched
         seg, off, size = rk.gather_extents(bits, matched, on_segment, *columns)
         status, fault, *space = rk.free_extents_sorted(seg, off, size, on_segment, capacity, unit_bits)
     if status != rk.OK:
-        raise SegmentExtentsCorrupt(segments.info[int(fault[0])].name,
+        raise SegmentExtentsCorrupt(segments.mounted(int(fault[0])).name,
                                     rk.fault_message(status, fault, unit_bits, capacity))
     return FreeSpace(*space)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 from numba.typed import List
 
-from ..errors import InvalidParams, SegmentExtentsCorrupt
+from ..errors import EngineInvariantError, InvalidParams, SegmentExtentsCorrupt
 from ..kernels import allocation as ak
 from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
@@ -69,6 +69,14 @@ class SegmentTable:
         c = self.by_name.get(name)
         return None if c is None else self.info[c]
 
+    def mounted(self, code: int) -> Segment:
+        """The segment mounted as ``code``, which the caller knows to be mounted (a code from
+        ``by_name``/``by_id``, or one a replica or an extent refers to)."""
+        seg = self.info[code]
+        if seg is None:
+            raise EngineInvariantError("segment_mounted", f"segment code {code} is not mounted")
+        return seg
+
     def codes_of_client(self, client: str) -> list[int]:
         return [c for c, s in enumerate(self.info) if s is not None and s.client == client]
 
@@ -82,7 +90,7 @@ class SegmentTable:
             seg = replace(seg, segment_id=self.fresh_id())
         elif seg.segment_id in self.by_id:
             raise InvalidParams(f"segment id {seg.segment_id!r} of {seg.name!r} is already mounted as "
-                             f"{self.info[self.by_id[seg.segment_id]].name!r}")
+                             f"{self.mounted(self.by_id[seg.segment_id]).name!r}")
         code = next((c for c, s in enumerate(self.info) if s is None), len(self.info))
         if code == len(self.info):
             self.info.append(None)
@@ -115,7 +123,7 @@ class SegmentTable:
         assert old is not None and old.name == seg.name and seg.segment_id
         if self.by_id.get(seg.segment_id, code) != code:
             raise InvalidParams(f"segment id {seg.segment_id!r} is already mounted as "
-                             f"{self.info[self.by_id[seg.segment_id]].name!r}")
+                             f"{self.mounted(self.by_id[seg.segment_id]).name!r}")
         del self.by_id[old.segment_id]
         self.info[code] = seg
         self.by_id[seg.segment_id] = code
@@ -148,8 +156,8 @@ class SegmentTable:
         status, fault, starts, lengths, lo, hi, used = rk.free_extents_sorted(
             np.full(len(offsets), code), offsets, sizes, on, self.capacity[:code + 1], self.unit_bits[:code + 1])
         if status != rk.OK:
-            raise SegmentExtentsCorrupt(self.info[code].name, rk.fault_message(status, fault, self.unit_bits,
-                                                                               self.capacity))
+            raise SegmentExtentsCorrupt(self.mounted(code).name, rk.fault_message(status, fault, self.unit_bits,
+                                                                                  self.capacity))
         self.install_allocator(code, starts[lo[code]:hi[code]], lengths[lo[code]:hi[code]], int(used[code]))
 
     def install_allocator(self, code: int, starts: np.ndarray, lengths: np.ndarray, used: int) -> None:

@@ -127,9 +127,8 @@ def _probe(master: Any) -> None:
 def _where(exc: BaseException) -> str:
     """The innermost frame of this package in the traceback (groups failures by site)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "mooncake_columnar" in f.filename
-              and "/testing/" not in f.filename]
-    f = (frames or traceback.extract_tb(exc.__traceback__) or [None])[-1]
-    return f"{Path(f.filename).name}:{f.lineno}" if f else "?"
+              and "/testing/" not in f.filename] or traceback.extract_tb(exc.__traceback__)
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
 
 
 @lru_cache(maxsize=None)
@@ -271,7 +270,7 @@ def run_cases(names: Iterable[str], cases: int, *, first_seed: int = 0, timeout_
                               if status else f"no answer within {timeout_s:g} s", "detail": _tail(log), "where": ""}
                     worker.close()
                     worker, ready = None, False
-                if answer.pop("restart", False):
+                elif answer.pop("restart", False):  # (an answer made up above never asks for one)
                     worker.close()
                     worker, ready = None, False
                 results[name].append(answer)

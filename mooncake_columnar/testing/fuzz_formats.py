@@ -224,6 +224,7 @@ def v1_forge(files: Corpus, variant: int, rng: random.Random) -> Mutation:
                        "segments", "segments", "task_manager"))
     if kind in ("segments", "task_manager"):
         target = _pick(files, rng, (f"/{kind}",))
+        assert target is not None  # a v1 snapshot has both files
         value = msgpack.unpackb(unzstd(files[target]), raw=False, strict_map_key=False)
         what = forge_leaf(value, rng)
         files[target] = zstd_frame(msgpack.packb(value, use_bin_type=True))

@@ -148,7 +148,7 @@ class ReferenceMaster:
                     self.discarded.append((r.segment, r.offset, obj.size, obj.put_start_ms + self.release_ms))
             obj.replicas = []
             self._erase((tenant, key), free=False)
-        replicas = []
+        replicas: list[tuple[str, int]] = []
         tried = set()
         for name in preferred:
             if len(replicas) == replica_num:

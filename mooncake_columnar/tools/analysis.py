@@ -123,7 +123,8 @@ def _replica_state(m: MasterService) -> tuple[np.ndarray, np.ndarray, np.ndarray
     live = (o.flags[:hw] & FLAG_LIVE) != 0
     stranded = stranded_memory_replica_mask(status, kind, seg, m.segments.readable)
     unreadable_slots = (live | _continuation_rows(m))[:, None] & stranded
-    readable = _per_object(m, readable_replica_mask(status, kind, seg, m.segments.readable).any(axis=1))
+    readable_slots = readable_replica_mask(status, kind, seg, m.segments.readable)
+    readable = _per_object(m, readable_slots.any(axis=1))  # type: ignore[arg-type]  # 2-D: an array, not a scalar
     return live, unreadable_slots, readable
 
 
@@ -180,7 +181,7 @@ def simulate_failover(objects: int, *, segments: int = 4, replicas: int = 1,
     seg = m.objects.replica_segment[: m.objects.high_water]
     on_segment = [int(_per_object(m, (unreadable_slots & (seg == c)).any(axis=1)).sum()) for c in seg_codes]
 
-    samples: list[dict[str, float | int]] = []
+    samples: list[dict[str, float | int | str]] = []
 
     def now_ms() -> float:
         return (clocks.steady_ns() - origin_ns) / NS_PER_MS
@@ -188,7 +189,7 @@ def simulate_failover(objects: int, *, segments: int = 4, replicas: int = 1,
     def census(event: str) -> None:
         t_ms, now = now_ms(), clocks.steady_ns()
         live, unreadable, readable = _replica_state(m)
-        protected = _per_object(m, unreadable.any(axis=1))
+        protected = _per_object(m, unreadable.any(axis=1))  # type: ignore[arg-type]  # 2-D: an array, not a scalar
         expired = lease_expired_mask(m.objects.lease_deadline_ns[: m.objects.high_water], now)
         plan = m.eviction_plan(1.0)
         chosen = int((plan.removed & unreadable[plan.chains.rows]).sum())
