@@ -77,7 +77,7 @@ class MasterLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; sub
 
     def take(self, *, reading: bool = False, first: bool = False) -> None:
         """Acquire: at once when free, unless threads wait and the turn is up; else in turn.
-        What ``_locked`` and ``with lock:`` do. Unless the caller only ``reading`` (it may
+        What ``locked`` and ``with lock:`` do. Unless the caller only ``reading`` (it may
         grant leases), pending work the master must finish before it changes runs first.
         ``first``: the background round, which a client woke and waits for: it goes before
         the waiting threads."""

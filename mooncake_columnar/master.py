@@ -38,14 +38,14 @@ from .store.keys import as_string_array, string_buffers
 from .store.metadata import MetadataStore
 from .store.segments import Segment
 from .validation import (
-    _locked,
-    _locked_reading,
-    _raise_code,
-    _require_bool,
-    _require_int,
-    _require_str,
-    _single_key,
-    _validate_tenant,
+    locked,
+    locked_reading,
+    raise_code,
+    require_bool,
+    require_int,
+    require_str,
+    single_key,
+    validate_tenant,
 )
 from .warmup import warm_up_kernels
 
@@ -168,7 +168,7 @@ class MasterService:
     @overload
     def evict(self, target: None = None, lower: float | None = None) -> "ev.EvictionReport | None": ...
 
-    @_locked
+    @locked
     def evict(self, target: float | None = None, lower: float | None = None) -> "ev.EvictionReport | None":
         """One BatchEvict cycle. Without arguments: only when above the high watermark or armed
         by an allocation failure eviction can fix (upstream trigger). With ``target`` (and
@@ -183,7 +183,7 @@ class MasterService:
                 raise InvalidParams(f"{name} must be a ratio in [0, 1], got {v!r}")
         return ev.batch_evict(self, float(target), float(target if lower is None else lower))
 
-    @_locked
+    @locked
     def eviction_plan(self, target: float) -> "ev.EvictionPlan":
         """What a first pass at ``target`` would remove, without removing it (oplog hook, tests)."""
         return ev.first_pass_plan(self, target)
@@ -196,14 +196,14 @@ class MasterService:
             grow_if_short(self, 1, 4 * len(key))
         return self._put_start_one(key, size, client_id, config)
 
-    @_locked
+    @locked
     def _put_start_one(self, key: str, size: int, client_id: str,
                        config: ReplicateConfig) -> list[ReplicaDescriptor]:
-        offsets, data = _single_key(key)
-        size = _require_int("size", size, 1)
+        offsets, data = single_key(key)
+        size = require_int("size", size, 1)
         codes, rows = puts.start(self, offsets, data, np.array([size], np.int64),
                                  require_client(self.config, client_id), config)
-        _raise_code(int(codes[0]), f"put_start {key!r}")
+        raise_code(int(codes[0]), f"put_start {key!r}")
         return views.descriptors(self.store, int(rows[0]), readable_only=False)
 
     def batch_put_start(self, keys, sizes, *, client_id: str,
@@ -227,41 +227,41 @@ class MasterService:
             self._lock, len(arr), chunk,
             before=lambda lo, hi: grow_ahead(self, hi - lo, int(offsets[hi] - offsets[lo]))))
 
-    @_locked
+    @locked
     def put_end(self, key: str, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> None:
         """Mark the object's PROCESSING replicas COMPLETE (idempotent once complete)."""
-        offsets, data = _single_key(key)
-        codes = puts.end(self, offsets, data, _require_str("client_id", client_id), tenant_id)
-        _raise_code(int(codes[0]), f"put_end {key!r}")
+        offsets, data = single_key(key)
+        codes = puts.end(self, offsets, data, require_str("client_id", client_id), tenant_id)
+        raise_code(int(codes[0]), f"put_end {key!r}")
 
     def batch_put_end(self, keys, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))
-        client = _require_str("client_id", client_id)
+        client = require_str("client_id", client_id)
         parts = run_in_chunks(self._lock, offsets.size - 1,
                               lambda lo, hi: puts.end(self, offsets[lo:hi + 1], data, client, tenant_id))
         return BatchResult(joined_codes(parts))
 
-    @_locked
+    @locked
     def put_revoke(self, key: str, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> None:
         """Abort an in-progress put: its PROCESSING replicas are freed and the object removed."""
-        offsets, data = _single_key(key)
-        client = _require_str("client_id", client_id)
+        offsets, data = single_key(key)
+        client = require_str("client_id", client_id)
         removal.revoke(self, int(self.store.lookup(offsets, data, tenant_id)[0]), client, f"put_revoke {key!r}")
 
     # ================================================================================ reads
-    @_locked_reading
+    @locked_reading
     def get_replica_list(self, key: str, tenant_id: str = DEFAULT_TENANT) -> list[ReplicaDescriptor]:
         """Readable replicas of the object; grants the read lease (group rule)."""
-        k = key if type(key) is str and key and key.isascii() else _require_str("key", key)
+        k = key if type(key) is str and key and key.isascii() else require_str("key", key)
         s = self.store
-        tenant = s.tenants.find(tenant_id if type(tenant_id) is str else _require_str("tenant_id", tenant_id))
+        tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
         o = s.objects
         code, row = ok.find_and_classify_read(
             s.keys.table, s.keys.arena, o.key_ref, o.tenant,
             np.frombuffer(k.encode(), np.uint8), tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
             o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
             o.replica_segment, s.segments.readable, o.replica_more)
-        _raise_code(int(code), f"get_replica_list {key!r}")
+        raise_code(int(code), f"get_replica_list {key!r}")
         return views.descriptors(s, int(row), readable_only=True)
 
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
@@ -269,10 +269,10 @@ class MasterService:
         return joined_results(read_in_chunks(self, offsets, data, tenant_id, lambda rows, codes: (
             codes, views.replica_columns(self.store, np.arange(rows.size), rows, codes=codes, readable_only=True))))
 
-    @_locked_reading
+    @locked_reading
     def exist_key(self, key: str, tenant_id: str = DEFAULT_TENANT) -> bool:
         """True when a readable replica exists (and then the read lease is granted)."""
-        offsets, data = _single_key(key)
+        offsets, data = single_key(key)
         rows = self.store.lookup(offsets, data, tenant_id)
         return bool(self.classify_reads(rows)[0] == 0)
 
@@ -291,34 +291,34 @@ class MasterService:
         return codes
 
     # ================================================================================ removal
-    @_locked
+    @locked
     def remove(self, key: str, *, tenant_id: str = DEFAULT_TENANT, force: bool = False) -> None:
         """Remove one object: OBJECT_HAS_LEASE unless force; REPLICA_IS_NOT_READY while incomplete."""
-        offsets, data = _single_key(key)
-        codes = removal.remove_keys(self, offsets, data, tenant_id, _require_bool("force", force))
-        _raise_code(int(codes[0]), f"remove {key!r}")
+        offsets, data = single_key(key)
+        codes = removal.remove_keys(self, offsets, data, tenant_id, require_bool("force", force))
+        raise_code(int(codes[0]), f"remove {key!r}")
 
     def batch_remove(self, keys, *, tenant_id: str = DEFAULT_TENANT, force: bool = False) -> np.ndarray:
         """Per-key codes; in chunks (see batch_put_start): an oplog window that fills up refuses
         the chunk it happens in (UNAVAILABLE_IN_CURRENT_STATUS), earlier chunks are removed."""
         offsets, data = string_buffers(self._key_array(keys))
-        force = _require_bool("force", force)
+        force = require_bool("force", force)
         parts = run_in_chunks(self._lock, offsets.size - 1,
                               lambda lo, hi: removal.remove_keys(self, offsets[lo:hi + 1], data, tenant_id, force))
         return joined_codes(parts)
 
-    @_locked
+    @locked
     def remove_all(self, *, force: bool = False, tenant_id: str | None = None) -> int:
         """Remove every unleased (or, with force, every) complete object; returns the count."""
         rows = self.store.tenant_rows(tenant_id)
-        return removal.remove_rows_where_allowed(self, rows, _require_bool("force", force))
+        return removal.remove_rows_where_allowed(self, rows, require_bool("force", force))
 
-    @_locked
+    @locked
     def remove_by_regex(self, pattern: str, *, tenant_id: str = DEFAULT_TENANT, force: bool = False) -> int:
         """Remove objects of the tenant whose key matches ``pattern`` (search semantics)."""
-        _require_str("pattern", pattern)
-        force = _require_bool("force", force)
-        rows = self.store.tenant_rows(_validate_tenant(tenant_id))
+        require_str("pattern", pattern)
+        force = require_bool("force", force)
+        rows = self.store.tenant_rows(validate_tenant(tenant_id))
         try:
             hit = pc.match_substring_regex(self.store.keys.keys_of(rows), pattern).to_numpy(zero_copy_only=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -345,7 +345,7 @@ class MasterService:
             self.store.finalize_removed(*self._durable_removals.popleft())
 
     # ================================================================================ segments
-    @_locked
+    @locked
     def mount_segment(self, name: str, *, endpoint: str, client_id: str, base: int, size: int,
                       segment_id: str | None = None, host_id: str = "") -> str:
         """Mount a memory segment; returns its segment id. Re-mounting an identical segment is a
@@ -369,21 +369,21 @@ class MasterService:
         journaled.submit()
         return seg.segment_id
 
-    @_locked
+    @locked
     def unmount_segment(self, name: str) -> None:
         """Unmount: its replicas are dropped at once; objects left without replicas are removed."""
-        code = self.store.segments.code(_require_str("name", name))
+        code = self.store.segments.code(require_str("name", name))
         if code >= 0:  # idempotent, as upstream
             seg_policy.unmount(self, [code])
 
-    @_locked
+    @locked
     def ping(self, client_id: str) -> PingStatus:
         """OK for a client that has remounted; NEED_REMOUNT otherwise (upstream Ping)."""
-        client = _require_str("client_id", client_id)
+        client = require_str("client_id", client_id)
         self.liveness.touch(client, self.clocks.steady_ns())
         return PingStatus.OK if client in self.liveness.remounted else PingStatus.NEED_REMOUNT
 
-    @_locked
+    @locked
     def remount_segments(self, client_id: str, segments: Sequence[Segment | dict]) -> RemountReport:
         """The client's answer to NEED_REMOUNT.
 
@@ -394,40 +394,40 @@ class MasterService:
         """
         return seg_policy.remount(self, client_id, segments)
 
-    @_locked
+    @locked
     def expire_clients(self) -> list[str]:
         """Clients silent for client_live_ttl_s: forget them and unmount their segments."""
         return seg_policy.expire_clients(self)
 
     # ================================================================================ offload
-    @_locked
+    @locked
     def offload_tasks(self) -> pa.Table:
         """Queued offloads: which key's replica to copy to its owner's local disk."""
         return offload.offload_tasks(self.store)
 
-    @_locked
+    @locked
     def complete_offload(self, key: str, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> None:
         """The client copied the object to local disk: add the LOCAL_DISK replica, unpin the source."""
-        offsets, data = _single_key(key)
+        offsets, data = single_key(key)
         row = int(self.store.lookup(offsets, data, tenant_id)[0])
         offload.complete_offload(self, row, client_id, repr(key))
 
     # ================================================================================ inspection
-    @_locked
+    @locked
     def object_info(self, key: str, tenant_id: str = DEFAULT_TENANT) -> ObjectInfo:
         """Deadlines (steady ns), flags and every replica with its readability."""
-        offsets, data = _single_key(key)
+        offsets, data = single_key(key)
         row = int(self.store.lookup(offsets, data, tenant_id)[0])
         if row < 0:
-            _raise_code(ErrorCode.OBJECT_NOT_FOUND, f"object_info {key!r}")
+            raise_code(ErrorCode.OBJECT_NOT_FOUND, f"object_info {key!r}")
         return views.object_info(self.store, row, key)
 
-    @_locked
+    @locked
     def to_arrow(self) -> pa.Table:
         """The object table (one row per object, ordered by row) as a pyarrow Table."""
         return export_tables(self.store).objects.cast(OBJECTS_ARROW_SCHEMA)
 
-    @_locked
+    @locked
     def export_state(self) -> "SnapshotState":
         """The whole state as Arrow tables (plain layout: string name columns), steady-ns
         deadlines of this process. Snapshots use the encoded layout straight from
@@ -458,11 +458,11 @@ class MasterService:
         # then its segments and objects stay, unreadable and protected (the guard has no TTL)
         return m
 
-    @_locked
+    @locked
     def object_count(self) -> int:
         return self.store.objects.live_count
 
-    @_locked
+    @locked
     def segment_usage(self) -> dict[str, tuple[int, int]]:
         """name -> (held bytes, capacity bytes). Held bytes are the engine allocator's: each
         replica rounded up to the segment's allocation unit; :meth:`segment_info` also reports
@@ -470,7 +470,7 @@ class MasterService:
         s = self.store.segments
         return {info.name: (int(s.used[c]), int(s.capacity[c])) for c, info in enumerate(s.info) if info}
 
-    @_locked
+    @locked
     def segment_info(self) -> dict[str, SegmentInfo]:
         """name -> :class:`SegmentInfo` of every mounted segment: its upstream identity, and both
         usage figures (``used_bytes`` exact as upstream's QuerySegments, ``held_bytes`` in whole
@@ -478,7 +478,7 @@ class MasterService:
         ``segment_used_bytes`` and ``segment_held_bytes`` (label ``segment``)."""
         return views.segment_info(self.store, self.metrics)
 
-    @_locked
+    @locked
     def metadata_bytes(self) -> dict[str, int]:
         """Resident bytes of the metadata (columns, index, dictionaries), key bytes separately."""
         s = self.store

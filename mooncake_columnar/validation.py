@@ -8,16 +8,13 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from .errors import InvalidParams, error_for_code
-from .schema import MAX_KEY_BYTES, ReplicaKind, ReplicaStatus
+from .schema import MAX_KEY_BYTES
 
 T = TypeVar("T")
-_KINDS = {int(k): k for k in ReplicaKind}
-_STATUSES = {int(s): s for s in ReplicaStatus}
-_COMPLETE = int(ReplicaStatus.COMPLETE)
 _PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
 
 
-def _locked(fn: Callable[..., T], *, reading: bool = False) -> Callable[..., T]:
+def locked(fn: Callable[..., T], *, reading: bool = False) -> Callable[..., T]:
     """Run the method holding ``self._lock`` (a :class:`~.locking.MasterLock`), taken and left
     in turns (no lock convoys between client threads)."""
     @functools.wraps(fn)
@@ -31,13 +28,13 @@ def _locked(fn: Callable[..., T], *, reading: bool = False) -> Callable[..., T]:
     return wrapper
 
 
-def _locked_reading(fn: Callable[..., T]) -> Callable[..., T]:
-    """:func:`_locked` for a call that only reads the master (it may grant leases): it may run
+def locked_reading(fn: Callable[..., T]) -> Callable[..., T]:
+    """:func:`locked` for a call that only reads the master (it may grant leases): it may run
     between the steps of a staged growth (store/growth.py) without finishing it first."""
-    return _locked(fn, reading=True)
+    return locked(fn, reading=True)
 
 
-def _require_str(name: str, value: object, *, allow_empty: bool = False) -> str:
+def require_str(name: str, value: object, *, allow_empty: bool = False) -> str:
     if not isinstance(value, str):
         raise InvalidParams(f"{name} must be a str, got {type(value).__name__}")
     if not allow_empty and value == "":
@@ -56,7 +53,7 @@ def _utf8(name: str, value: str) -> bytes:
         raise InvalidParams(f"{name} is not valid Unicode text (lone surrogate): {value!r}") from None
 
 
-def _require_int(name: str, value: object, lo: int, hi: int = 2**63 - 1) -> int:
+def require_int(name: str, value: object, lo: int, hi: int = 2**63 - 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidParams(f"{name} must be an int, got {type(value).__name__}")
     if not lo <= int(value) <= hi:
@@ -64,30 +61,30 @@ def _require_int(name: str, value: object, lo: int, hi: int = 2**63 - 1) -> int:
     return int(value)
 
 
-def _require_bool(name: str, value: object) -> bool:
+def require_bool(name: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InvalidParams(f"{name} must be a bool, got {type(value).__name__}")
     return bool(value)
 
 
-def _validate_tenant(tenant: object) -> str:
+def validate_tenant(tenant: object) -> str:
     """Upstream TenantId validity: non-empty, no leading '_', printable ASCII."""
-    t = _require_str("tenant_id", tenant)
+    t = require_str("tenant_id", tenant)
     if t.startswith("_") or not _PRINTABLE.match(t):
         raise InvalidParams(f"invalid tenant_id {t!r}")
     return t
 
 
-def _single_key(key: object) -> tuple[np.ndarray, np.ndarray]:
+def single_key(key: object) -> tuple[np.ndarray, np.ndarray]:
     """One key as (offsets, data) arrays, the shape every batch kernel takes."""
-    k = _require_str("key", key)
-    data = np.frombuffer(k.encode(), np.uint8)  # _require_str checked it encodes
+    k = require_str("key", key)
+    data = np.frombuffer(k.encode(), np.uint8)  # require_str checked it encodes
     if data.size > MAX_KEY_BYTES:
         raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
     return np.array([0, data.size], np.int64), data
 
 
-def _raise_code(code: int, what: str) -> None:
+def raise_code(code: int, what: str) -> None:
     if code != 0:
         raise error_for_code(code, what)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..clock import NS_PER_S, Clocks
 from ..errors import InvalidParams, OpLogStoreUnavailable
-from .stores import EtcdOpLogStore, _b64
+from .stores import EtcdOpLogStore, b64
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,10 @@ class LeaderElection:
             sent_at = self.clocks.steady_ns()
             grant = self._post("/v3/lease/grant", {"TTL": self.lease_ttl_s})
             lease_id = grant["ID"]
-            key = _b64(self.key)
+            key = b64(self.key)
             resp = self._post("/v3/kv/txn", {
                 "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
-                "success": [{"request_put": {"key": key, "value": _b64(self.candidate_id), "lease": lease_id}}],
+                "success": [{"request_put": {"key": key, "value": b64(self.candidate_id), "lease": lease_id}}],
             })
             if not resp.get("succeeded"):
                 self._revoke(lease_id)  # do not leave an unused lease behind
@@ -113,7 +113,7 @@ class LeaderElection:
 
     def current_leader(self) -> tuple[str, int] | None:
         """(holder's candidate id, view version) of the key as etcd has it now, or None."""
-        kvs = self._post("/v3/kv/range", {"key": _b64(self.key)}).get("kvs") or []
+        kvs = self._post("/v3/kv/range", {"key": b64(self.key)}).get("kvs") or []
         if not kvs:
             return None
         return base64.b64decode(kvs[0].get("value", "")).decode("utf-8", "replace"), int(kvs[0]["create_revision"])
@@ -137,7 +137,7 @@ class LeaderElection:
                 if int(result.get("TTL", 0)) <= 0:  # etcd omits TTL for an expired or revoked lease
                     reason = "lease expired or revoked"
                 else:
-                    holder = self._post("/v3/kv/range", {"key": _b64(self.key)}).get("kvs") or []
+                    holder = self._post("/v3/kv/range", {"key": b64(self.key)}).get("kvs") or []
                     if not holder:
                         reason = "master_view key is gone"
                     elif (holder[0].get("lease") != lease_id

@@ -51,12 +51,12 @@ from .oplog_entries import (  # noqa: F401
     ReplicaDescriptor,
     SEGMENT_OPTIONAL,
     SegmentPayload,
-    _Check,
+    FieldCheck,
     _SEGMENT_CHECKS,
     _SEQ_MAX,
-    _seq,
-    _str,
-    _trusted,
+    check_seq,
+    check_str,
+    trusted,
     _u64,
 )
 
@@ -256,12 +256,12 @@ class OpLogColumns:
         for i, op in enumerate(col["op"]):
             payload: Payload = None
             if op == _PUT_END:
-                replicas = tuple(_trusted(ReplicaDescriptor, dict(
+                replicas = tuple(trusted(ReplicaDescriptor, dict(
                     replica_id=col["replica_id"][j], kind=col["replica_kind"][j],
                     segment=names[col["replica_segment"][j]], offset=col["replica_offset"][j],
                     size=col["replica_size"][j], status=col["replica_status"][j],
                     endpoint=names[col["replica_endpoint"][j]])) for j in range(starts[p], starts[p + 1]))
-                payload = _trusted(PutEndPayload, dict(
+                payload = trusted(PutEndPayload, dict(
                     client=names[col["client"][p]], size=col["size"][p], replicas=replicas,
                     data_type=col["data_type"][p], group_id=names[col["group"][p]],
                     hard_pinned=col["hard_pinned"][p], soft_pin_enabled=col["soft_pin_enabled"][p],
@@ -269,7 +269,7 @@ class OpLogColumns:
                 p += 1
             elif op in _SEGMENT_OPS:
                 payload = next(segments)
-            out.append(_trusted(OpLogOp, dict(op=_OPS[op], tenant=names[col["tenant"][i]], key=keys[i],
+            out.append(trusted(OpLogOp, dict(op=_OPS[op], tenant=names[col["tenant"][i]], key=keys[i],
                                                payload=payload)))
         return out
 
@@ -356,7 +356,7 @@ def _segment_wire(s: SegmentPayload) -> dict[str, Any]:
 
 def _segment_payload(fields: dict[str, Any]) -> SegmentPayload:
     """A decoded segment payload; identity fields a record lacks are ""."""
-    return _trusted(SegmentPayload, {k: "" if v is None else v for k, v in fields.items()})
+    return trusted(SegmentPayload, {k: "" if v is None else v for k, v in fields.items()})
 
 
 def _checked_strings(a: dict[str, np.ndarray], prefix: str, where: str, *, nonempty: bool) -> pa.Array:
@@ -392,7 +392,7 @@ class OpLogBatch:
     """
 
     def __init__(self, first_sequence_id: int, body: OpLogColumns | Sequence[OpLogEntry]) -> None:
-        problem = _seq(first_sequence_id)
+        problem = check_seq(first_sequence_id)
         if problem is not None:
             raise InvalidParams(f"OpLogBatch.first_sequence_id: {problem}")
         if not isinstance(body, OpLogColumns):
@@ -475,7 +475,8 @@ def _list(v: Any) -> str | None:
     return None if type(v) is list else f"expected a list, got {type(v).__name__}"
 
 
-def _fields(m: Any, where: str, checks: dict[str, _Check], optional: frozenset[str] = frozenset()) -> dict[str, Any]:
+def _fields(m: Any, where: str, checks: dict[str, FieldCheck],
+            optional: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The checked fields of wire map ``m``; missing (unless ``optional``: None), extra or
     ill-typed -> OpLogCorrupt."""
     if type(m) is not dict:
@@ -498,9 +499,10 @@ def _fields(m: Any, where: str, checks: dict[str, _Check], optional: frozenset[s
 
 
 _WIRE_ARRAYS = {**_ARRAYS, "key_offsets": "<i8", "key_bytes": "u1", "string_offsets": "<i8", "string_bytes": "u1"}
-_COLUMNS_WIRE: dict[str, _Check] = {**{name: _bin for name in _WIRE_ARRAYS}, "segments": _list}
-_BATCH_WIRE: dict[str, _Check] = {"version": _str, "first_sequence_id": _seq, "count": _seq, "columns": _bin,
-                                  "checksum": lambda v: _u64(v) or (None if v <= 0xFFFFFFFF else "not a crc32")}
+_COLUMNS_WIRE: dict[str, FieldCheck] = {**{name: _bin for name in _WIRE_ARRAYS}, "segments": _list}
+_BATCH_WIRE: dict[str, FieldCheck] = {"version": check_str, "first_sequence_id": check_seq, "count": check_seq,
+                                       "columns": _bin,
+                                       "checksum": lambda v: _u64(v) or (None if v <= 0xFFFFFFFF else "not a crc32")}
 _OPTIONAL_PUT_COLUMNS = frozenset({"hard_pinned", "soft_pin_enabled", "put_start_time_ms"})  # optional PUT_END columns
 _OPS = {int(op): op for op in OpType}
 

@@ -31,7 +31,7 @@ class OpType(IntEnum):
 
 # --- field checks shared by constructors (InvalidParams) and the decoder (OpLogCorrupt) ---------
 
-_Check = Callable[[Any], Union[str, None]]
+FieldCheck = Callable[[Any], Union[str, None]]
 
 
 def _u64(v: Any) -> str | None:
@@ -42,7 +42,7 @@ def _u64(v: Any) -> str | None:
     return None
 
 
-def _seq(v: Any) -> str | None:
+def check_seq(v: Any) -> str | None:
     if type(v) is not int:
         return f"expected an integer, got {type(v).__name__}"
     if not 1 <= v <= _SEQ_MAX:
@@ -50,7 +50,7 @@ def _seq(v: Any) -> str | None:
     return None
 
 
-def _str(v: Any) -> str | None:
+def check_str(v: Any) -> str | None:
     if type(v) is not str:
         return f"expected a string, got {type(v).__name__}"
     if not v.isascii():
@@ -62,7 +62,7 @@ def _str(v: Any) -> str | None:
 
 
 def _nonempty_str(v: Any) -> str | None:
-    return _str(v) or (None if v else "must not be empty")
+    return check_str(v) or (None if v else "must not be empty")
 
 
 def _key(v: Any) -> str | None:
@@ -74,7 +74,7 @@ def _key(v: Any) -> str | None:
 
 def _segment_id(v: Any) -> str | None:
     """Upstream's segment UUID string, or "" (a record from before segment ids were logged)."""
-    problem = _str(v)
+    problem = check_str(v)
     if problem is None and v and not is_upstream_uuid(v):
         problem = f"{v!r} is not an upstream UUID string"
     return problem
@@ -84,7 +84,7 @@ def _bool(v: Any) -> str | None:
     return None if type(v) is bool else f"expected a bool, got {type(v).__name__}"
 
 
-def _enum(cls: type[IntEnum]) -> _Check:
+def _enum(cls: type[IntEnum]) -> FieldCheck:
     values = frozenset(int(member) for member in cls)  # membership test: no enum instance per check
 
     def check(v: Any) -> str | None:
@@ -97,14 +97,14 @@ def _enum(cls: type[IntEnum]) -> _Check:
     return check
 
 
-def _trusted(cls: type, fields: dict[str, Any]) -> Any:
+def trusted(cls: type, fields: dict[str, Any]) -> Any:
     """Build a frozen dataclass from fields the decoder already checked (skips re-validation)."""
     obj: Any = object.__new__(cls)
     obj.__dict__.update(fields)  # frozen dataclasses keep their fields in __dict__
     return obj
 
 
-def _require(obj: object, checks: dict[str, _Check]) -> None:
+def _require(obj: object, checks: dict[str, FieldCheck]) -> None:
     """Constructor-side validation: the first bad field raises InvalidParams naming it."""
     for name, check in checks.items():
         problem = check(getattr(obj, name))
@@ -114,18 +114,19 @@ def _require(obj: object, checks: dict[str, _Check]) -> None:
 
 # --- the data model ------------------------------------------------------------------------------
 
-_REPLICA_CHECKS: dict[str, _Check] = {
-    "replica_id": _u64, "kind": _enum(ReplicaKind), "segment": _str, "offset": _u64,
-    "size": _u64, "status": _enum(ReplicaStatus), "endpoint": _str,
+_REPLICA_CHECKS: dict[str, FieldCheck] = {
+    "replica_id": _u64, "kind": _enum(ReplicaKind), "segment": check_str, "offset": _u64,
+    "size": _u64, "status": _enum(ReplicaStatus), "endpoint": check_str,
 }
-_PUT_END_CHECKS: dict[str, _Check] = {
-    "client": _str, "size": _u64,
+_PUT_END_CHECKS: dict[str, FieldCheck] = {
+    "client": check_str, "size": _u64,
     "replicas": lambda v: None if isinstance(v, tuple) else f"expected a tuple, got {type(v).__name__}",
-    "data_type": _enum(ObjectDataType), "group_id": _str, "hard_pinned": _bool, "soft_pin_enabled": _bool,
+    "data_type": _enum(ObjectDataType), "group_id": check_str, "hard_pinned": _bool, "soft_pin_enabled": _bool,
     "put_start_time_ms": _u64,
 }
-_SEGMENT_CHECKS: dict[str, _Check] = {"name": _str, "endpoint": _str, "capacity": _u64, "client": _str,
-                                      "segment_id": _segment_id, "host_id": _str}
+_SEGMENT_CHECKS: dict[str, FieldCheck] = {"name": check_str, "endpoint": check_str, "capacity": _u64,
+                                          "client": check_str, "segment_id": _segment_id,
+                                          "host_id": check_str}
 # fields a SEGMENT_MOUNT/UNMOUNT written before they existed lacks (decoded as "")
 SEGMENT_OPTIONAL = frozenset({"segment_id", "host_id"})
 
@@ -219,11 +220,11 @@ class OpLogOp:
         object.__setattr__(self, "op", OpType(self.op))
 
     def at(self, sequence_id: int) -> OpLogEntry:
-        problem = _seq(sequence_id)
+        problem = check_seq(sequence_id)
         if problem is not None:
             raise InvalidParams(f"OpLogEntry.sequence_id: {problem}")
         # the body was validated when this op was built: only the id is new
-        return _trusted(OpLogEntry, dict(sequence_id=sequence_id, op=self.op, tenant=self.tenant, key=self.key,
+        return trusted(OpLogEntry, dict(sequence_id=sequence_id, op=self.op, tenant=self.tenant, key=self.key,
                                          payload=self.payload))
 
 
@@ -236,7 +237,7 @@ class OpLogEntry:
     payload: Payload = None
 
     def __post_init__(self) -> None:
-        problem = _seq(self.sequence_id)
+        problem = check_seq(self.sequence_id)
         if problem is not None:
             raise InvalidParams(f"OpLogEntry.sequence_id: {problem}")
         _validate_body("OpLogEntry", self.op, self.tenant, self.key, self.payload)

@@ -292,7 +292,7 @@ class FileOpLogStore:
 _CLUSTER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # upstream IsValidClusterIdComponent
 
 
-def _b64(data: bytes | str) -> str:
+def b64(data: bytes | str) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode("ascii")
 
 
@@ -346,7 +346,7 @@ class EtcdOpLogStore:
 
     def _get(self, key: str, revision: int = 0) -> tuple[bytes | None, int]:
         """(value or None, header revision) of one key."""
-        body: dict[str, Any] = {"key": _b64(key)}
+        body: dict[str, Any] = {"key": b64(key)}
         if revision:
             body["revision"] = revision
         resp = self._post("/v3/kv/range", body)
@@ -359,7 +359,7 @@ class EtcdOpLogStore:
         return (0 if raw is None else _parse_counter(raw, key)), rev
 
     def _firsts(self, start: str, end: str, revision: int, **extra: Any) -> list[int]:
-        body = {"key": _b64(start), "range_end": _b64(end), "keys_only": True, "revision": revision, **extra}
+        body = {"key": b64(start), "range_end": b64(end), "keys_only": True, "revision": revision, **extra}
         kvs = self._post("/v3/kv/range", body).get("kvs") or []
         out = []
         for kv in kvs:
@@ -372,8 +372,8 @@ class EtcdOpLogStore:
     def _equals(self, key: str, value: int) -> dict[str, Any]:
         """Txn compare: the key holds ``value``; 0 means the key does not exist."""
         if value == 0:
-            return {"key": _b64(key), "target": "VERSION", "result": "EQUAL", "version": "0"}
-        return {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(str(value))}
+            return {"key": b64(key), "target": "VERSION", "result": "EQUAL", "version": "0"}
+        return {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(str(value))}
 
     # protocol
 
@@ -386,8 +386,8 @@ class EtcdOpLogStore:
             "compare": [self._equals(self.prefix_key, batch.first_sequence_id - 1),
                         self._equals(self.view_key, self._view)],
             "success": [
-                {"request_put": {"key": _b64(self._batch_key(batch.first_sequence_id)), "value": _b64(data)}},
-                {"request_put": {"key": _b64(self.prefix_key), "value": _b64(str(batch.last_sequence_id))}},
+                {"request_put": {"key": b64(self._batch_key(batch.first_sequence_id)), "value": b64(data)}},
+                {"request_put": {"key": b64(self.prefix_key), "value": b64(str(batch.last_sequence_id))}},
             ],
         }
         try:
@@ -441,8 +441,8 @@ class EtcdOpLogStore:
         names = _plan_read(firsts, prefix, after_seq, limit)
         if not names:
             return []
-        body: dict[str, Any] = {"key": _b64(self._batch_key(names[0])),
-                                "range_end": _b64(self._batch_key(names[-1]) + "\0"), "revision": rev}
+        body: dict[str, Any] = {"key": b64(self._batch_key(names[0])),
+                                "range_end": b64(self._batch_key(names[-1]) + "\0"), "revision": rev}
         kvs = self._post("/v3/kv/range", body).get("kvs") or []
         by_name = {base64.b64decode(kv["key"]).decode("utf-8", "replace"): kv.get("value", "") for kv in kvs}
         batches = []
@@ -467,7 +467,7 @@ class EtcdOpLogStore:
                 break
             resp = self._post("/v3/kv/txn", {
                 "compare": [self._equals(self.view_key, stored)],
-                "success": [{"request_put": {"key": _b64(self.view_key), "value": _b64(str(view))}}],
+                "success": [{"request_put": {"key": b64(self.view_key), "value": b64(str(view))}}],
             })
             if resp.get("succeeded"):
                 break
@@ -480,7 +480,7 @@ class EtcdOpLogStore:
         if not doomed:
             return 0
         # Covered batches are immutable, so a plain range delete cannot race an append.
-        resp = self._post("/v3/kv/deleterange", {"key": _b64(self._batch_key(doomed[0])),
-                                                 "range_end": _b64(self._batch_key(doomed[-1]) + "\0")})
+        resp = self._post("/v3/kv/deleterange", {"key": b64(self._batch_key(doomed[0])),
+                                                 "range_end": b64(self._batch_key(doomed[-1]) + "\0")})
         return int(resp.get("deleted", 0))
 

@@ -47,10 +47,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .extents import _check_allocators, _check_slots
-from .key_index import _check_key_index
-from .rows import (_check_groups, _check_inflight, _check_ledger, _check_replica_ids, _check_rows,
-                   _check_segment_registry)
+from .extents import check_allocators, check_slots
+from .key_index import check_key_index
+from .rows import (check_groups, check_inflight, check_ledger, check_replica_ids, check_rows,
+                   check_segment_registry)
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -59,15 +59,15 @@ if TYPE_CHECKING:
 # ================================================================================ entry point
 def verify_engine(m: "MasterService") -> None:
     """Raise EngineInvariantError naming the first broken invariant (caller holds the lock)."""
-    _check_segment_registry(m)
-    owned = _check_rows(m)
-    ascending = _check_slots(m, owned)
-    _check_allocators(m, ascending)
-    _check_key_index(m)
-    _check_inflight(m)
-    _check_groups(m)
-    _check_ledger(m)
-    _check_replica_ids(m)
+    check_segment_registry(m)
+    owned = check_rows(m)
+    ascending = check_slots(m, owned)
+    check_allocators(m, ascending)
+    check_key_index(m)
+    check_inflight(m)
+    check_groups(m)
+    check_ledger(m)
+    check_replica_ids(m)
     if m.standby_replica_ids is not None:
         m.standby_replica_ids.verify(m)
 

@@ -10,7 +10,7 @@ from ..clock import INT64_MAX
 from ..kernels import allocation as ak
 from ..kernels.predicates import memory_replica_on_mask
 
-from .report import _MEM, _ST_EMPTY, _fail, _row_name, _seg_name
+from .report import MEM, EMPTY, fail, row_name, seg_name
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -50,7 +50,7 @@ def _slot_pass(hw, owned, status, kind, seg, off, size, rep_id, next_id, mounted
     for r in range(hw):
         live = owned[r]
         for j in range(status.shape[1]):
-            if status[r, j] == _ST_EMPTY:
+            if status[r, j] == EMPTY:
                 continue
             if not live:
                 return _SLOT_ROW, r, j, ascending
@@ -58,7 +58,7 @@ def _slot_pass(hw, owned, status, kind, seg, off, size, rep_id, next_id, mounted
                 return _SLOT_ID, r, j, ascending
             if rep_id[r, j] >= next_id:
                 return _SLOT_ID, r, j, ascending
-            if kind[r, j] != _MEM:
+            if kind[r, j] != MEM:
                 continue
             s = np.int64(seg[r, j])
             if s < 0 or s >= n_codes:
@@ -82,12 +82,12 @@ def _mounted_mask(m: "MasterService") -> np.ndarray:
     return mounted
 
 
-def _check_slots(m: "MasterService", owned: np.ndarray | None = None) -> np.ndarray:
+def check_slots(m: "MasterService", owned: np.ndarray | None = None) -> np.ndarray:
     """Every in-use slot and discarded extent; returns the per-segment ascending flags.
-    ``owned``: the rows that may hold slots (from _check_rows, which runs it when not given)."""
+    ``owned``: the rows that may hold slots (from check_rows, which runs it when not given)."""
     if owned is None:
-        from .rows import _check_rows
-        owned = _check_rows(m)
+        from .rows import check_rows
+        owned = check_rows(m)
     o, s = m.objects, m.segments
     mounted = _mounted_mask(m)
     n = mounted.size
@@ -96,16 +96,16 @@ def _check_slots(m: "MasterService", owned: np.ndarray | None = None) -> np.ndar
         o.size_bytes, o.replica_id, np.uint64(m.next_replica_id), mounted, s.capacity[:n], s.unit_bits[:n])
     if problem:
         code = int(o.replica_segment[r, j])
-        _fail(_SLOT_CHECKS[problem],
-              f"{_row_name(m, r)} slot {j}: status {int(o.replica_status[r, j])}, kind "
+        fail(_SLOT_CHECKS[problem],
+              f"{row_name(m, r)} slot {j}: status {int(o.replica_status[r, j])}, kind "
               f"{int(o.replica_kind[r, j])}, replica id {int(o.replica_id[r, j])} (next "
-              f"{m.next_replica_id}), {_seg_name(m, code)}, offset {int(o.replica_offset[r, j])}, "
+              f"{m.next_replica_id}), {seg_name(m, code)}, offset {int(o.replica_offset[r, j])}, "
               f"size {int(o.size_bytes[r])}")
-    _check_discarded(m, mounted)
+    check_discarded(m, mounted)
     return ascending
 
 
-def _check_discarded(m: "MasterService", mounted: np.ndarray) -> None:
+def check_discarded(m: "MasterService", mounted: np.ndarray) -> None:
     """The pending extents of abandoned puts obey the memory-slot rules (a few, vectorised)."""
     d = m.store.discarded
     seg, off, size = d.seg, d.off, d.size
@@ -120,7 +120,7 @@ def _check_discarded(m: "MasterService", mounted: np.ndarray) -> None:
     for check, mask in bad.items():
         if mask.any():
             i = int(np.flatnonzero(mask)[0])
-            _fail(check, f"discarded extent {i}: {_seg_name(m, int(seg[i]))}, offset {int(off[i])}, "
+            fail(check, f"discarded extent {i}: {seg_name(m, int(seg[i]))}, offset {int(off[i])}, "
                          f"size {int(size[i])}")
 
 
@@ -226,9 +226,9 @@ def _tile_rows(hw, status, kind, seg, off, size, unit_bits, capacity, allocatabl
     err = np.full((3, 2), -1, np.int64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] == _ST_EMPTY:
+            if status[r, j] == EMPTY:
                 continue
-            if kind[r, j] != _MEM:
+            if kind[r, j] != MEM:
                 continue
             s = np.int64(seg[r, j])
             o = off[r, j]
@@ -246,7 +246,7 @@ def _gather_held(hw, status, kind, seg, off, size, unit_bits, capacity):
     bounds = np.zeros(n + 1, np.int64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] != _ST_EMPTY and kind[r, j] == _MEM:
+            if status[r, j] != EMPTY and kind[r, j] == MEM:
                 bounds[seg[r, j] + 1] += 1
     for s in range(n):
         bounds[s + 1] += bounds[s]
@@ -255,7 +255,7 @@ def _gather_held(hw, status, kind, seg, off, size, unit_bits, capacity):
     ends = np.empty(bounds[n], np.int64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] != _ST_EMPTY and kind[r, j] == _MEM:
+            if status[r, j] != EMPTY and kind[r, j] == MEM:
                 s = seg[r, j]
                 k = fill[s]
                 starts[k] = off[r, j]
@@ -283,7 +283,7 @@ def _tile_sorted(starts, ends, bounds, capacity, allocatable, f_off, f_end, f_bo
     return err
 
 
-def _check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each mounted segment's free list on its own. Returns the free extents of allocatable
     segments as flat (starts, ends, per-segment bounds) for the tiling walk (a typed List read
     per replica would cost more than the walk itself), and the free bytes per segment code."""
@@ -297,7 +297,7 @@ def _check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.nd
         count, cap = int(s.extent_counts[code]), int(s.capacity[code])
         st, ln = s.extent_starts[code], s.extent_lengths[code]
         if not 0 <= count <= min(st.size, ln.size):
-            _fail("free_list", f"{_seg_name(m, code)}: extent count {count} outside its buffers")
+            fail("free_list", f"{seg_name(m, code)}: extent count {count} outside its buffers")
         st, ln = st[:count], ln[:count]
         end = st + ln
         problems = (("an empty or negative extent", ln <= 0),
@@ -307,7 +307,7 @@ def _check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.nd
         for what, mask in problems:
             if mask.any():
                 i = int(np.flatnonzero(mask)[0])
-                _fail("free_list", f"{_seg_name(m, code)}: {what} at free extent {i} "
+                fail("free_list", f"{seg_name(m, code)}: {what} at free extent {i} "
                                    f"[{int(st[i])}, {int(end[i])}) (capacity {cap})")
         free[code] = int(ln.sum())
         if s.allocatable[code]:  # see the module docstring: only these keep an exact free list
@@ -328,9 +328,9 @@ def _sorted_discarded(m: "MasterService", n: int) -> tuple[np.ndarray, np.ndarra
     return off, end.astype(np.int64), np.searchsorted(seg, np.arange(n + 1)).astype(np.int64)
 
 
-def _check_allocators(m: "MasterService", ascending: np.ndarray) -> None:
+def check_allocators(m: "MasterService", ascending: np.ndarray) -> None:
     o, s = m.objects, m.segments
-    f_off, f_end, f_bounds, free = _check_free_lists(m)
+    f_off, f_end, f_bounds, free = check_free_lists(m)
     n = free.size
     d_off, d_end, d_bounds = _sorted_discarded(m, n)
     extents = (f_off, f_end, f_bounds, d_off, d_end, d_bounds)
@@ -348,25 +348,25 @@ def _check_allocators(m: "MasterService", ascending: np.ndarray) -> None:
         err = _tile_sorted(starts, ends, bounds, cap, alloc, *extents, state)
     for k, check in enumerate(_TILING_CHECKS):
         if err[k, 0] >= 0:
-            _fail(check, _tiling_message(m, k, int(err[k, 0]), int(err[k, 1])))
+            fail(check, _tiling_message(m, k, int(err[k, 0]), int(err[k, 1])))
     held = state[:, _HELD]
     for code, info in enumerate(s.info):
         if info is None:
             continue
         used, c = int(s.used[code]), int(cap[code])
         if alloc[code] and used != int(held[code]):
-            _fail("segment_used", f"{_seg_name(m, code)}: used {used} != held {int(held[code])}")
+            fail("segment_used", f"{seg_name(m, code)}: used {used} != held {int(held[code])}")
         if used + int(free[code]) != c:
-            _fail("segment_used", f"{_seg_name(m, code)}: used {used} + free {int(free[code])} != capacity {c}")
+            fail("segment_used", f"{seg_name(m, code)}: used {used} + free {int(free[code])} != capacity {c}")
 
 
 def _tiling_message(m: "MasterService", kind: int, code: int, at: int) -> str:
     if kind == _T_GAP:
-        return f"{_seg_name(m, code)}: offset {at} is neither held nor free"
+        return f"{seg_name(m, code)}: offset {at} is neither held nor free"
     rows = _rows_at(m, code, at)
-    who = ", ".join(_row_name(m, r) for r in rows[:2]) if rows.size else "a discarded extent"
+    who = ", ".join(row_name(m, r) for r in rows[:2]) if rows.size else "a discarded extent"
     what = "two held extents overlap" if kind == _T_OVERLAP else "a held extent overlaps free space"
-    return f"{_seg_name(m, code)}: {what} at offset {at} ({who})"
+    return f"{seg_name(m, code)}: {what} at offset {at} ({who})"
 
 
 def _rows_at(m: "MasterService", code: int, at: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from ..kernels import hashing as hk
 from ..kernels.predicates import is_live
 from ..schema import FLAG_LIVE
 
-from .report import _CHUNKS, _ROW_MASK, _fail, _row_name
+from .report import CHUNKS, ROW_MASK, fail, row_name
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 @njit(cache=True, nogil=True, parallel=True)
 def _check_key_refs(hw, flags, key_refs, row_tenant, arena_used, n_tenants):
     """First LIVE row whose key reference lies outside the arena or tenant is unknown, or -1."""
-    step = (hw + _CHUNKS - 1) // _CHUNKS
-    bad = np.full(_CHUNKS, -1, np.int64)
-    for c in prange(_CHUNKS):
+    step = (hw + CHUNKS - 1) // CHUNKS
+    bad = np.full(CHUNKS, -1, np.int64)
+    for c in prange(CHUNKS):
         for r in range(c * step, min(hw, (c + 1) * step)):
             if not is_live(flags[r]):
                 continue
@@ -33,7 +33,7 @@ def _check_key_refs(hw, flags, key_refs, row_tenant, arena_used, n_tenants):
             if ln == 0 or off < 0 or off + ln > arena_used or t < 0 or t >= n_tenants:
                 bad[c] = r
                 break
-    for c in range(_CHUNKS):
+    for c in range(CHUNKS):
         if bad[c] >= 0:
             return bad[c]
     return -1
@@ -48,8 +48,8 @@ def _row_tags(hw, flags, key_refs, row_tenant, arena):
     others, in row order: a sequential pass over the key bytes. The index scan then reads one
     array per slot instead of two (its row accesses are the random ones)."""
     tags = np.empty(hw, np.uint32)
-    step = (hw + _CHUNKS - 1) // _CHUNKS
-    for c in prange(_CHUNKS):
+    step = (hw + CHUNKS - 1) // CHUNKS
+    for c in prange(CHUNKS):
         for r in range(c * step, min(hw, (c + 1) * step)):
             if is_live(flags[r]):  # a free row's key_ref is stale: never read through it
                 ref = key_refs[r]
@@ -82,12 +82,12 @@ def _earlier_equal_key(table, i, home, mask, v, arena, key_refs, row_tenant, tag
     """Does a slot of the probe run from ``home`` up to slot i hold another row with slot i's
     (tenant, key)? Then a lookup stops there first (only tag matches compare key bytes). A slot
     naming no LIVE row is skipped here: its own visit reports it, and its key is not read."""
-    r = v & _ROW_MASK
+    r = v & ROW_MASK
     p = home
     while p != i:
         w = table[p]
         if (w >> 32) == (v >> 32):
-            other = w & _ROW_MASK
+            other = w & ROW_MASK
             if other < hw and tags[other] != _NOT_LIVE:
                 if _same_key(arena, key_refs[r], row_tenant[r], key_refs[other], row_tenant[other]):
                     return True
@@ -103,7 +103,7 @@ def _scan_index(table, tags, hw, key_refs, row_tenant, arena):
     of that run holds an equal key. Returns (occupied slots, first bad slot or -1, problem)."""
     size = table.shape[0]
     mask = size - 1
-    regions = min(_CHUNKS, size)
+    regions = min(CHUNKS, size)
     step = size // regions  # sizes are powers of two
     bad = np.full(regions, -1, np.int64)
     problem = np.zeros(regions, np.int64)
@@ -127,7 +127,7 @@ def _scan_index(table, tags, hw, key_refs, row_tenant, arena):
             if v == hk.EMPTY_SLOT:
                 run = (i + 1) & mask
                 continue
-            r = v & _ROW_MASK
+            r = v & ROW_MASK
             if v < 0 or r >= hw or tags[r] == _NOT_LIVE:
                 bad[g] = i
                 problem[g] = _IX_SLOT
@@ -150,33 +150,33 @@ def _scan_index(table, tags, hw, key_refs, row_tenant, arena):
     return count.sum(), -1, _IX_OK
 
 
-def _check_key_index(m: "MasterService") -> None:
+def check_key_index(m: "MasterService") -> None:
     o, k = m.objects, m.keys
     hw = o.high_water
     if k.count != o.live_count:
-        _fail("index_count", f"key index count {k.count} != live_count {o.live_count}")
+        fail("index_count", f"key index count {k.count} != live_count {o.live_count}")
     if not 0 <= k.arena_used <= k.arena.size:
-        _fail("key_ref", f"arena_used {k.arena_used} outside the arena of {k.arena.size} bytes")
+        fail("key_ref", f"arena_used {k.arena_used} outside the arena of {k.arena.size} bytes")
     r = _check_key_refs(hw, o.flags, o.key_ref, o.tenant, k.arena_used, len(m.tenants))
     if r >= 0:
-        _fail("key_ref", f"row {r}: key_ref {int(o.key_ref[r]):#x} / tenant code {int(o.tenant[r])} "
+        fail("key_ref", f"row {r}: key_ref {int(o.key_ref[r]):#x} / tenant code {int(o.tenant[r])} "
                          f"outside the arena ({k.arena_used} bytes) or the tenant dictionary")
     tags = _row_tags(hw, o.flags, o.key_ref, o.tenant, k.arena)
     occupied, slot, problem = _scan_index(k.table, tags, hw, o.key_ref, o.tenant, k.arena)
     if problem == _IX_FULL:
-        _fail("index_count", f"index table of {k.table.size} slots has no empty slot")
+        fail("index_count", f"index table of {k.table.size} slots has no empty slot")
     if problem == _IX_SLOT:
         v = int(k.table[slot])
-        _fail("index_slot", f"index slot {slot} holds {v:#x}: row {v & 0xFFFFFFFF} is not a LIVE row")
+        fail("index_slot", f"index slot {slot} holds {v:#x}: row {v & 0xFFFFFFFF} is not a LIVE row")
     if problem == _IX_LOOKUP:
-        _fail("index_lookup", f"{_row_name(m, int(k.table[slot]) & 0xFFFFFFFF)} (index slot {slot}) is not "
+        fail("index_lookup", f"{row_name(m, int(k.table[slot]) & 0xFFFFFFFF)} (index slot {slot}) is not "
                               f"found by its own key")
     if occupied != o.live_count:  # every slot holds a distinct LIVE row: some LIVE row is missing
         indexed = np.zeros(hw, np.bool_)
         indexed[hk.slot_rows(k.table)] = True
         missing = np.flatnonzero(((o.flags[:hw] & FLAG_LIVE) != 0) & ~indexed)
-        who = _row_name(m, int(missing[0])) if missing.size else "a LIVE row"
-        _fail("index_lookup", f"{occupied} index entries for {o.live_count} LIVE rows: {who} is not found "
+        who = row_name(m, int(missing[0])) if missing.size else "a LIVE row"
+        fail("index_lookup", f"{occupied} index entries for {o.live_count} LIVE rows: {who} is not found "
                               f"by its own key")
 
 

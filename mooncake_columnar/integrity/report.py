@@ -12,19 +12,19 @@ from ..schema import FLAG_LIVE, KIND_MEMORY, ST_EMPTY, ReplicaStatus
 if TYPE_CHECKING:
     from ..master import MasterService
 
-_MEM = int(KIND_MEMORY)
-_ST_PROCESSING = int(ReplicaStatus.PROCESSING)
-_ST_COMPLETE = int(ReplicaStatus.COMPLETE)
-_ST_EMPTY = int(ST_EMPTY)
-_ROW_MASK = np.int64(0xFFFFFFFF)
-_CHUNKS = 64  # parallel kernels split rows into this many chunks (first violation: lowest chunk)
+MEM = int(KIND_MEMORY)
+PROCESSING = int(ReplicaStatus.PROCESSING)
+COMPLETE = int(ReplicaStatus.COMPLETE)
+EMPTY = int(ST_EMPTY)
+ROW_MASK = np.int64(0xFFFFFFFF)
+CHUNKS = 64  # parallel kernels split rows into this many chunks (first violation: lowest chunk)
 
 
-def _fail(check: str, message: str) -> None:
+def fail(check: str, message: str) -> None:
     raise EngineInvariantError(check, message)
 
 
-def _row_name(m: "MasterService", row: int) -> str:
+def row_name(m: "MasterService", row: int) -> str:
     """``row N (tenant T, key K)``; the key only when its reference is sane (never trusted)."""
     o = m.objects
     try:
@@ -39,7 +39,7 @@ def _row_name(m: "MasterService", row: int) -> str:
     return f"row {row}"
 
 
-def _seg_name(m: "MasterService", code: int) -> str:
+def seg_name(m: "MasterService", code: int) -> str:
     info = m.segments.info
     return f"segment {info[code].name!r} (code {code})" if 0 <= code < len(info) and info[code] else \
         f"segment code {code}"

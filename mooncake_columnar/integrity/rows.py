@@ -11,26 +11,26 @@ from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
 from ..store.upstream_ids import is_upstream_uuid
 
-from .report import _MEM, _ST_COMPLETE, _ST_EMPTY, _ST_PROCESSING, _fail, _row_name, _seg_name
+from .report import MEM, COMPLETE, EMPTY, PROCESSING, fail, row_name, seg_name
 
 if TYPE_CHECKING:
     from ..master import MasterService
 
 
 # ================================================================================ segments, rows
-def _check_segment_registry(m: "MasterService") -> None:
+def check_segment_registry(m: "MasterService") -> None:
     s = m.segments
     for code, info in enumerate(s.info):  # one iteration per segment code
         if info is None:
             if s.used[code] or s.extent_counts[code] or s.allocatable[code]:
-                _fail("segment_registry", f"unmounted segment code {code} keeps allocator state")
+                fail("segment_registry", f"unmounted segment code {code} keeps allocator state")
         elif s.by_name.get(info.name) != code or s.capacity[code] != info.size:
-            _fail("segment_registry", f"{_seg_name(m, code)}: name index or capacity disagrees")
+            fail("segment_registry", f"{seg_name(m, code)}: name index or capacity disagrees")
         elif not is_upstream_uuid(info.segment_id) or s.by_id.get(info.segment_id) != code:
-            _fail("segment_registry", f"{_seg_name(m, code)}: segment id {info.segment_id!r} is not an "
+            fail("segment_registry", f"{seg_name(m, code)}: segment id {info.segment_id!r} is not an "
                                       "upstream UUID string, or the id index disagrees")
     if len(s.by_name) != sum(i is not None for i in s.info) or len(s.by_id) != len(s.by_name):
-        _fail("segment_registry", "segment name or id index holds unmounted segments")
+        fail("segment_registry", "segment name or id index holds unmounted segments")
 
 
 @njit(cache=True, nogil=True)
@@ -73,7 +73,7 @@ def _claim_chains(hw, flags, more, group_next, sizes, claimed):
     return 0, -1
 
 
-def _check_chains(m: "MasterService") -> np.ndarray:
+def check_chains(m: "MasterService") -> np.ndarray:
     """Replica chains (kernels/chains.py): each continuation row belongs to exactly one LIVE
     object's chain, names it and carries its size; no other row links anywhere. Returns the
     continuation rows as a mask over [0, high_water)."""
@@ -82,45 +82,45 @@ def _check_chains(m: "MasterService") -> np.ndarray:
     claimed = np.zeros(hw, np.bool_)
     if not o.replica_more.size:
         if o.cont_count:
-            _fail("replica_chain", f"cont_count is {o.cont_count} but no row has a continuation")
+            fail("replica_chain", f"cont_count is {o.cont_count} but no row has a continuation")
         return claimed
     problem, r = _claim_chains(hw, o.flags, o.replica_more, o.group_next, o.size_bytes, claimed)
     if problem:
-        what = {1: f"{_row_name(m, r)} links past high_water {hw}",
+        what = {1: f"{row_name(m, r)} links past high_water {hw}",
                 2: f"continuation row {r} is LIVE", 3: f"row {r} is in two chains or in a cycle",
                 4: f"continuation row {r} does not name its object or has another size"}[problem]
-        _fail("replica_chain", what)
+        fail("replica_chain", what)
     stray = np.flatnonzero((o.replica_more[:hw] >= 0) & ~claimed & ((o.flags[:hw] & FLAG_LIVE) == 0))
     if stray.size:
-        _fail("replica_chain", f"row {int(stray[0])} is neither LIVE nor in a chain but links to row "
+        fail("replica_chain", f"row {int(stray[0])} is neither LIVE nor in a chain but links to row "
                                f"{int(o.replica_more[stray[0]])}")
     if int(claimed.sum()) != o.cont_count:
-        _fail("replica_chain", f"{int(claimed.sum())} continuation rows in chains, cont_count is {o.cont_count}")
+        fail("replica_chain", f"{int(claimed.sum())} continuation rows in chains, cont_count is {o.cont_count}")
     return claimed
 
 
-def _check_rows(m: "MasterService") -> np.ndarray:
+def check_rows(m: "MasterService") -> np.ndarray:
     """Free stack, live and continuation rows; returns the rows that may hold replica slots
     (LIVE rows and their continuation rows) as a mask over [0, high_water)."""
     o = m.objects
     hw = o.high_water
     live = int(np.count_nonzero(o.flags[:hw] & FLAG_LIVE))
     if live != o.live_count:
-        _fail("live_count", f"{live} LIVE rows below high_water {hw}, live_count is {o.live_count}")
+        fail("live_count", f"{live} LIVE rows below high_water {hw}, live_count is {o.live_count}")
     if not 0 <= o.free_count <= o.free_rows.size:
-        _fail("free_rows", f"free_count {o.free_count} outside the free stack of {o.free_rows.size}")
+        fail("free_rows", f"free_count {o.free_count} outside the free stack of {o.free_rows.size}")
     problem, at = _check_free_stack(o.free_rows, o.free_count, hw, o.flags)
     if problem:
         r = int(o.free_rows[at])
-        what = {1: f"row {r} is outside [0, high_water {hw})", 2: f"{_row_name(m, r)} is LIVE",
+        what = {1: f"row {r} is outside [0, high_water {hw})", 2: f"{row_name(m, r)} is LIVE",
                 3: f"row {r} is listed twice"}[problem]
-        _fail("free_rows", f"free stack position {at}: {what}")
-    conts = _check_chains(m)
+        fail("free_rows", f"free stack position {at}: {what}")
+    conts = check_chains(m)
     listed = o.free_rows[:o.free_count]
     if conts[listed].any():
-        _fail("free_rows", f"continuation row {int(listed[conts[listed]][0])} is on the free stack")
+        fail("free_rows", f"continuation row {int(listed[conts[listed]][0])} is on the free stack")
     if o.free_count + o.live_count + o.cont_count != hw:
-        _fail("free_rows", f"free_count {o.free_count} + live_count {o.live_count} + continuation rows "
+        fail("free_rows", f"free_count {o.free_count} + live_count {o.live_count} + continuation rows "
                            f"{o.cont_count} != high_water {hw}")
     return conts | ((o.flags[:hw] & FLAG_LIVE) != 0)
 
@@ -164,23 +164,23 @@ def _check_inflight_table(m: "MasterService") -> None:
     t = m.inflight
     cap = t.in_use.size
     if not 0 <= t.free_count <= min(cap, t.free_slots.size):
-        _fail("inflight_slots", f"free_count {t.free_count} outside [0, capacity {cap}]")
+        fail("inflight_slots", f"free_count {t.free_count} outside [0, capacity {cap}]")
     free = t.free_slots[:t.free_count]
     if free.size and (free.min() < 0 or free.max() >= cap):
-        _fail("inflight_slots", f"free slot stack holds a slot outside [0, {cap})")
+        fail("inflight_slots", f"free slot stack holds a slot outside [0, {cap})")
     if t.in_use[free].any():
-        _fail("inflight_slots", f"slot {int(free[t.in_use[free]][0])} is both free and in use")
+        fail("inflight_slots", f"slot {int(free[t.in_use[free]][0])} is both free and in use")
     if np.bincount(free, minlength=1).max() > 1:
-        _fail("inflight_slots", f"slot {int(np.argmax(np.bincount(free)))} is on the free stack twice")
+        fail("inflight_slots", f"slot {int(np.argmax(np.bincount(free)))} is on the free stack twice")
     in_use = int(np.count_nonzero(t.in_use))
     if in_use + t.free_count != cap:
-        _fail("inflight_slots", f"{in_use} in-use + {t.free_count} free slots != capacity {cap}")
+        fail("inflight_slots", f"{in_use} in-use + {t.free_count} free slots != capacity {cap}")
     stray = np.flatnonzero(~t.in_use & (t.row[:cap] != -1))
     if stray.size:
-        _fail("inflight_slots", f"free slot {int(stray[0])} still names owner row {int(t.row[stray[0]])}")
+        fail("inflight_slots", f"free slot {int(stray[0])} still names owner row {int(t.row[stray[0]])}")
 
 
-def _check_inflight(m: "MasterService") -> None:
+def check_inflight(m: "MasterService") -> None:
     t, o = m.inflight, m.objects
     _check_inflight_table(m)
     cap = t.in_use.size
@@ -194,11 +194,11 @@ def _check_inflight(m: "MasterService") -> None:
                 5: f"claims in-flight slot {slot}, which another LIVE row already holds",
                 6: f"claims in-flight slot {slot}, whose owner is row {int(t.row[max(slot, 0)])}",
                 7: f"is free but keeps in-flight slot {slot}"}[problem]
-        _fail("inflight_claim" if problem in (5, 6) else "inflight_row", f"{_row_name(m, r)} {what}")
+        fail("inflight_claim" if problem in (5, 6) else "inflight_row", f"{row_name(m, r)} {what}")
     orphan = np.flatnonzero(t.in_use & (claims == 0))
     if orphan.size:
         s = int(orphan[0])
-        _fail("inflight_claim", f"in-flight slot {s} is in use (owner row {int(t.row[s])}) but no LIVE row "
+        fail("inflight_claim", f"in-flight slot {s} is in use (owner row {int(t.row[s])}) but no LIVE row "
                                 f"holds it")
 
 
@@ -254,12 +254,12 @@ def _walk_groups(group_head, group_next, flags, group, members, hw):
     return 0, -1
 
 
-def _check_groups(m: "MasterService") -> None:
+def check_groups(m: "MasterService") -> None:
     o = m.objects
     hw = o.high_water
     n_groups = len(m.store.group_names)
     if len(m.groups) != n_groups or m.group_head.size < n_groups:
-        _fail("group_head", f"{len(m.groups)} group codes, {n_groups} names, {m.group_head.size} heads")
+        fail("group_head", f"{len(m.groups)} group codes, {n_groups} names, {m.group_head.size} heads")
     members = np.zeros(max(1, n_groups), np.int64)
     indegree = np.zeros(hw, np.int32)
     problem, r = _link_pass(hw, o.flags, o.group, o.group_next, n_groups, members, indegree)
@@ -267,18 +267,18 @@ def _check_groups(m: "MasterService") -> None:
         what = {1: f"has unknown group code {int(o.group[r])}",
                 2: f"links to row {int(o.group_next[r])}, not a LIVE member of its group {int(o.group[r])}",
                 3: f"is ungrouped but links to row {int(o.group_next[r])}"}[problem]
-        _fail("group_member" if problem < 3 else "group_link", f"{_row_name(m, r)} {what}")
+        fail("group_member" if problem < 3 else "group_link", f"{row_name(m, r)} {what}")
     grouped = (o.flags[:hw] & (FLAG_LIVE | FLAG_GROUPED)) == (FLAG_LIVE | FLAG_GROUPED)
     bad = np.flatnonzero(grouped & (indegree != 1))
     if bad.size:
         r = int(bad[0])
-        _fail("group_link", f"{_row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
+        fail("group_link", f"{row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
     problem, g = _walk_groups(m.group_head, o.group_next, o.flags, o.group, members[:n_groups], hw)
     if problem:
         name = m.store.group_names[g] if g < n_groups else "?"
         what = (f"head {int(m.group_head[g])} is not a LIVE member" if problem == 1
                 else f"the {int(members[g])} members are not one circular list")
-        _fail("group_head" if problem == 1 else "group_link", f"group {g} ({name!r}): {what}")
+        fail("group_head" if problem == 1 else "group_link", f"group {g} ({name!r}): {what}")
 
 
 # ================================================================================ ledger, ids
@@ -296,17 +296,17 @@ def _ledger_sums(hw, flags, tenant, size, status, kind, more, n_tenants):
         rr = np.int64(r)
         while rr >= 0:
             for j in range(status.shape[1]):
-                if kind[rr, j] != _MEM:
+                if kind[rr, j] != MEM:
                     continue
-                if status[rr, j] == _ST_PROCESSING:
+                if status[rr, j] == PROCESSING:
                     pending[t] += size[r]
-                elif status[rr, j] == _ST_COMPLETE:
+                elif status[rr, j] == COMPLETE:
                     committed[t] += size[r]
             rr = next_row(more, rr)
     return pending, committed, -1
 
 
-def _check_ledger(m: "MasterService") -> None:
+def check_ledger(m: "MasterService") -> None:
     if not m.config.enable_multi_tenants:
         return
     o, ledger = m.objects, m.ledger
@@ -314,7 +314,7 @@ def _check_ledger(m: "MasterService") -> None:
     pending, committed, r = _ledger_sums(o.high_water, o.flags, o.tenant, o.size_bytes, o.replica_status,
                                          o.replica_kind, o.replica_more, n)
     if r >= 0:
-        _fail("tenant_ledger", f"row {r} has unknown tenant code {int(o.tenant[r])}")
+        fail("tenant_ledger", f"row {r} has unknown tenant code {int(o.tenant[r])}")
     for name, want in (("pending", pending), ("committed", committed)):
         have = np.zeros(n, np.int64)
         got = getattr(ledger, name)
@@ -323,7 +323,7 @@ def _check_ledger(m: "MasterService") -> None:
         if bad.size:
             t = int(bad[0])
             who = repr(m.tenants.name(t)) if t < len(m.tenants) else f"code {t}"
-            _fail("tenant_ledger", f"tenant {who}: {name} is {int(have[t])}, its LIVE rows hold {int(want[t])}")
+            fail("tenant_ledger", f"tenant {who}: {name} is {int(have[t])}, its LIVE rows hold {int(want[t])}")
 
 
 @njit(cache=True, nogil=True)
@@ -333,7 +333,7 @@ def _first_duplicate_id(hw, status, rep_id, words):
     seen = np.zeros(words, np.uint64)
     for r in range(hw):
         for j in range(status.shape[1]):
-            if status[r, j] == _ST_EMPTY:
+            if status[r, j] == EMPTY:
                 continue
             i = rep_id[r, j]
             w = np.int64(i >> np.uint64(6))
@@ -344,7 +344,7 @@ def _first_duplicate_id(hw, status, rep_id, words):
     return -1, -1
 
 
-def _check_replica_ids(m: "MasterService") -> None:
+def check_replica_ids(m: "MasterService") -> None:
     o = m.objects
     hw = o.high_water
     in_use = int(np.count_nonzero(o.replica_status[:hw]))
@@ -353,14 +353,14 @@ def _check_replica_ids(m: "MasterService") -> None:
         if r < 0:
             return
     else:  # ids spread far wider than the replicas: sort instead
-        ids = o.replica_id[:hw][o.replica_status[:hw] != _ST_EMPTY]
+        ids = o.replica_id[:hw][o.replica_status[:hw] != EMPTY]
         ids.sort()
         dup = np.flatnonzero(ids[1:] == ids[:-1])
         if not dup.size:
             return
-        hit = (o.replica_id[:hw] == ids[dup[0]]) & (o.replica_status[:hw] != _ST_EMPTY)
+        hit = (o.replica_id[:hw] == ids[dup[0]]) & (o.replica_status[:hw] != EMPTY)
         r, j = (int(x[0]) for x in np.nonzero(hit))
-    _fail("replica_id_unique", f"{_row_name(m, int(r))} slot {int(j)}: replica id {int(o.replica_id[r, j])} "
+    fail("replica_id_unique", f"{row_name(m, int(r))} slot {int(j)}: replica id {int(o.replica_id[r, j])} "
                                f"is used twice")
 
 

@@ -32,7 +32,7 @@ def mix64(h):
 
 
 @njit(inline="always", cache=True)
-def _word(data, i, count):
+def load_word(data, i, count):
     """``count`` (<= 8) bytes from data[i] as a little-endian integer. Unsigned indices: no
     negative-index fix-up per byte, so the full-word case compiles to plain loads."""
     w = np.uint64(0)
@@ -51,11 +51,11 @@ def hash_key(data, start, length, tenant):
     end = start + length
     i = start
     while i + 8 <= end:
-        h = (h ^ _word(data, i, 8)) * _FNV_PRIME
+        h = (h ^ load_word(data, i, 8)) * _FNV_PRIME
         h ^= h >> np.uint64(29)
         i += 8
     if i < end:
-        h = (h ^ _word(data, i, end - i)) * _FNV_PRIME
+        h = (h ^ load_word(data, i, end - i)) * _FNV_PRIME
     return mix64(h)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .hashing import _word
+from .hashing import load_word
 
 _MUL = np.uint64(0xC6A4A7935BD1E995)
 _SEED = np.uint64(0xC70F6907)
@@ -22,11 +22,11 @@ def murmur64a(data, offsets):
         h = _SEED ^ (np.uint64(end - start) * _MUL)
         i = start
         while i + 8 <= end:
-            k = _word(data, i, 8) * _MUL
+            k = load_word(data, i, 8) * _MUL
             h = (h ^ ((k ^ (k >> _R)) * _MUL)) * _MUL
             i += 8
         if i < end:
-            h = (h ^ _word(data, i, end - i)) * _MUL
+            h = (h ^ load_word(data, i, end - i)) * _MUL
         h = (h ^ (h >> _R)) * _MUL
         out[j] = h ^ (h >> _R)
     return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..schema import ST_COMPLETE
 from ..store.metadata import MetadataStore
-from ..validation import _COMPLETE
 
 
 def discard_expired_puts(store: MetadataStore, release_timeout_ms: int, now_ms: int) -> None:
@@ -17,4 +17,4 @@ def discard_expired_puts(store: MetadataStore, release_timeout_ms: int, now_ms: 
     if late.size:
         rows = inflight.owned_rows(late, o.inflight)
         chains = o.chains(rows)
-        store.discard_puts(rows[~chains.any(o.replica_status[chains.rows] == _COMPLETE)], release_timeout_ms)
+        store.discard_puts(rows[~chains.any(o.replica_status[chains.rows] == ST_COMPLETE)], release_timeout_ms)

@@ -11,9 +11,8 @@ import pyarrow as pa
 from ..clock import NS_PER_MS
 from ..errors import ErrorCode, error_for_code
 from ..kernels.predicates import readable_replica_mask
-from ..schema import ST_EMPTY, ReplicaKind
+from ..schema import ST_COMPLETE, ST_EMPTY, ReplicaKind
 from ..store.metadata import MetadataStore
-from ..validation import _COMPLETE
 from .segments import require_client
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ def complete_offload(m: "MasterService", row: int, client_id: str, what: str) ->
         r, j = int(chain[free_row[0]]), int(free_slot[0])
     else:  # every slot taken: a continuation row, not a wider table
         r, j = int(o.add_continuations(np.array([row], np.int64))[0]), 0
-    o.replica_status[r, j] = _COMPLETE
+    o.replica_status[r, j] = ST_COMPLETE
     o.replica_kind[r, j] = int(ReplicaKind.LOCAL_DISK)
     o.replica_segment[r, j] = client_code
     o.replica_id[r, j] = s.next_replica_id

@@ -12,10 +12,10 @@ from ..config import MAX_TTL_MS, MasterConfig
 from ..errors import ErrorCode, InvalidParams
 from ..kernels import objects as ok
 from ..messages import ReplicateConfig
-from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, MAX_KEY_BYTES,
+from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, MAX_KEY_BYTES, ST_COMPLETE,
                       ObjectDataType, ReplicaStatus, SoftPinAction)
 from ..store.metadata import MetadataStore
-from ..validation import _COMPLETE, _require_bool, _require_int, _require_str, _validate_tenant
+from ..validation import require_bool, require_int, require_str, validate_tenant
 from . import eviction as ev
 
 if TYPE_CHECKING:
@@ -26,16 +26,16 @@ def resolve_put_config(store: MetadataStore, cfg: MasterConfig, config: Replicat
     """Validate a ReplicateConfig; returns (tenant code, flags, pending soft-pin ttl ns)."""
     if not isinstance(config, ReplicateConfig):
         raise InvalidParams("config must be a ReplicateConfig")
-    _require_int("replica_num", config.replica_num, 1, cfg.max_replica_num)
-    hard = _require_bool("hard_pin", config.hard_pin)
-    _require_str("group_id", config.group_id, allow_empty=True)
-    tenant = _validate_tenant(config.tenant_id)
+    require_int("replica_num", config.replica_num, 1, cfg.max_replica_num)
+    hard = require_bool("hard_pin", config.hard_pin)
+    require_str("group_id", config.group_id, allow_empty=True)
+    tenant = validate_tenant(config.tenant_id)
     try:
         ObjectDataType(config.data_type)
     except (ValueError, TypeError):
         raise InvalidParams(f"unknown data_type {config.data_type!r}") from None
     for s in config.preferred_segments:
-        _require_str("preferred_segments item", s)
+        require_str("preferred_segments item", s)
     ttl_ms = resolve_soft_pin(cfg, config)
     flags = int(FLAG_LIVE | FLAG_PROCESSING) | (int(FLAG_HARD_PINNED) if hard else 0)
     if ttl_ms:
@@ -56,7 +56,7 @@ def resolve_soft_pin(cfg: MasterConfig, config: ReplicateConfig) -> int:
         return 0
     if ttl is None:
         return cfg.default_kv_soft_pin_ttl_ms
-    ttl = _require_int("soft_pin_ttl_ms", ttl, 0, MAX_TTL_MS)
+    ttl = require_int("soft_pin_ttl_ms", ttl, 0, MAX_TTL_MS)
     if ttl > cfg.max_kv_soft_pin_ttl_ms:
         raise InvalidParams(f"soft_pin_ttl_ms {ttl} exceeds max_kv_soft_pin_ttl_ms")
     return ttl
@@ -86,7 +86,7 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
         # complete, recently started, or removed but not yet durable (journal): all block
         chains = o.chains(rows)
         status = o.replica_status[chains.rows]
-        held = chains.any((status == _COMPLETE) | (status == int(ReplicaStatus.REMOVED)))
+        held = chains.any((status == ST_COMPLETE) | (status == int(ReplicaStatus.REMOVED)))
         blocked = held | (o.put_start_ms(rows) + discard_ms >= now_ms)
         codes[np.flatnonzero(exists)[blocked]] = ErrorCode.OBJECT_ALREADY_EXISTS
         s.discard_puts(np.unique(rows[~blocked]), cfg.put_start_release_timeout_s * 1000)

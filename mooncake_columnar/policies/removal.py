@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import ErrorCode, error_for_code
 from ..kernels import objects as ok
 from ..schema import FLAG_PROCESSING, ST_PROCESSING, ReplicaStatus
-from ..validation import _raise_code
+from ..validation import raise_code
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -69,11 +69,11 @@ def revoke(m: "MasterService", row: int, client: str, what: str) -> None:
     s = m.store
     o = s.objects
     if row < 0:
-        _raise_code(ErrorCode.OBJECT_NOT_FOUND, what)
+        raise_code(ErrorCode.OBJECT_NOT_FOUND, what)
     if o.client[row] != s.clients.find(client):
-        _raise_code(ErrorCode.ILLEGAL_CLIENT, what)
+        raise_code(ErrorCode.ILLEGAL_CLIENT, what)
     st = o.replica_status[o.chains(np.array([row], np.int64)).rows]
     in_use = st != int(ReplicaStatus.UNDEFINED)
     if not (o.flags[row] & FLAG_PROCESSING) or (st[in_use] != int(ST_PROCESSING)).any():
-        _raise_code(ErrorCode.INVALID_WRITE, f"{what}: not an in-progress put")
+        raise_code(ErrorCode.INVALID_WRITE, f"{what}: not an in-progress put")
     s.erase_rows(np.array([row], np.int64))

@@ -11,7 +11,7 @@ from ..config import MasterConfig
 from ..errors import InvalidParams, UnavailableInCurrentStatus
 from ..store.segments import Segment, SegmentTable
 from ..store.upstream_ids import is_upstream_uuid
-from ..validation import _require_int, _require_str
+from ..validation import require_int, require_str
 from .recovery import RemountReport, recover_segments
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class ClientLiveness:
 def require_client(config: MasterConfig, client_id: object) -> str:
     """A client id; with ``config.require_upstream_client_ids`` it must be upstream's UUID
     string (``"<u64>-<u64>"``), which a v1 rollback snapshot needs for every client."""
-    client = _require_str("client_id", client_id)
+    client = require_str("client_id", client_id)
     if config.require_upstream_client_ids and not is_upstream_uuid(client):
         raise InvalidParams(f"client_id {client!r} is not an upstream UUID string \"<u64>-<u64>\" "
                             "(MasterConfig.require_upstream_client_ids: v1 rollback snapshots "
@@ -59,10 +59,10 @@ def requested_segment(config: MasterConfig, name: object, endpoint: object, clie
     elif not isinstance(segment_id, str) or not is_upstream_uuid(segment_id):
         raise InvalidParams(f"segment_id must be an upstream UUID string \"<u64>-<u64>\", "
                             f"got {segment_id!r}")
-    return Segment(_require_str("name", name), _require_str("endpoint", endpoint),
-                   require_client(config, client), _require_int("base", base, 1),
-                   _require_int("size", size, 1), segment_id,
-                   _require_str("host_id", host_id, allow_empty=True))
+    return Segment(require_str("name", name), require_str("endpoint", endpoint),
+                   require_client(config, client), require_int("base", base, 1),
+                   require_int("size", size, 1), segment_id,
+                   require_str("host_id", host_id, allow_empty=True))
 
 
 def journal_segments(m: "MasterService", segs: list[Segment], *, mounted: bool) -> PendingChange:

@@ -12,9 +12,13 @@ from ..kernels import predicates as pk
 from ..messages import ObjectInfo, ReplicaDescriptor, SegmentInfo
 from ..metrics import Metrics
 from ..schema import (FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_EMPTY,
-                      ReplicaKind)
+                      ReplicaKind, ReplicaStatus)
 from ..store.metadata import MetadataStore
-from ..validation import _COMPLETE, _KINDS, _STATUSES
+
+# int -> enum for the descriptors a single-key call builds (plain ints: no NumPy scalar per replica)
+_KINDS = {int(k): k for k in ReplicaKind}
+_STATUSES = {int(s): s for s in ReplicaStatus}
+_COMPLETE = int(ReplicaStatus.COMPLETE)
 
 
 def object_info(store: MetadataStore, row: int, key: str) -> ObjectInfo:

@@ -16,7 +16,7 @@ from ..kernels import objects as ok
 from ..kernels.erase_guard import first_not_erasable
 from ..schema import (EMPTY_CODE, FLAG_GROUPED, KIND_LOCAL_DISK, KIND_MEMORY, ST_EMPTY, ST_PROCESSING, ReplicaKind,
                       ReplicaStatus)
-from ..validation import _require_str
+from ..validation import require_str
 from .discarded import DiscardedExtents
 from .inserts import NewObjects, insert_objects
 from .inflight import InflightTable
@@ -57,7 +57,7 @@ class MetadataStore:
     # ---- lookups ------------------------------------------------------------------------------
     def lookup(self, offsets: np.ndarray, data: np.ndarray, tenant_id: str) -> np.ndarray:
         """Rows of the keys (``offsets``/``data`` buffers) of one tenant; -1 where absent."""
-        tenant = self.tenants.find(_require_str("tenant_id", tenant_id))
+        tenant = self.tenants.find(require_str("tenant_id", tenant_id))
         n = offsets.size - 1
         if tenant < 0:
             return np.full(n, -1, np.int64)
@@ -68,7 +68,7 @@ class MetadataStore:
         rows = self.objects.live_rows()
         if tenant_id is None:
             return rows
-        return rows[self.objects.tenant[rows] == self.tenants.find(_require_str("tenant_id", tenant_id))]
+        return rows[self.objects.tenant[rows] == self.tenants.find(require_str("tenant_id", tenant_id))]
 
     def group_code(self, tenant: str, group: str) -> int:
         """The code of ``group`` of ``tenant``, made (and the heads grown) on first use."""

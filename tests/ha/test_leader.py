@@ -10,7 +10,7 @@ from mooncake_columnar.clock import NS_PER_S, ManualClocks
 from mooncake_columnar.errors import FencedWrite, InvalidParams
 from mooncake_columnar.ha.leader import LeaderElection
 from mooncake_columnar.ha.oplog import OpLogBatch, OpLogEntry, OpType
-from mooncake_columnar.ha.stores import EtcdOpLogStore, _b64
+from mooncake_columnar.ha.stores import EtcdOpLogStore, b64
 from mooncake_columnar.testing.etcd_server import EtcdServer
 
 
@@ -98,7 +98,7 @@ def test_key_taken_by_another_holder_calls_on_lost(etcd: EtcdServer, cluster: st
     a, b = candidate(etcd, cluster, "a:1", clocks, lost), candidate(etcd, cluster, "b:1", clocks)
     assert a.campaign()
     # An operator (or a split brain) deletes the key; another candidate creates it.
-    a._post("/v3/kv/deleterange", {"key": _b64(a.key)})
+    a._post("/v3/kv/deleterange", {"key": b64(a.key)})
     assert b.campaign()
     assert a.keepalive() is False
     assert lost.reasons == ["master_view key is held by another leader"]
@@ -108,7 +108,7 @@ def test_key_gone_calls_on_lost(etcd: EtcdServer, cluster: str) -> None:
     clocks, lost = ManualClocks(), Lost()
     a = candidate(etcd, cluster, "a:1", clocks, lost)
     assert a.campaign()
-    a._post("/v3/kv/deleterange", {"key": _b64(a.key)})
+    a._post("/v3/kv/deleterange", {"key": b64(a.key)})
     assert a.keepalive() is False
     assert lost.reasons == ["master_view key is gone"]
 
