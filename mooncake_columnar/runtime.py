@@ -12,10 +12,26 @@ parallel runs).
 The runtime reads the variable once, when it is loaded (at the first parallel call), so it is
 set here, before any kernel runs. An explicit setting in the environment wins; so does an
 OpenMP runtime the process loaded before importing this package.
+
+Every kernel is ``@njit(cache=True)``: Numba keeps its machine code in ``__pycache__`` beside the
+source, which a read-only install (system site-packages, a container image) does not allow.
+Numba then falls back to ``~/.cache/numba``, and where that is not writable either (a container
+running as an arbitrary user with ``HOME=/``) importing the package raises ("no locator
+available"). So when the package directory is not writable, the cache goes to
+``$XDG_CACHE_HOME/mooncake-columnar/numba`` (``~/.cache/...``), which ``mooncake-columnar warmup``
+fills and the README names; where that cannot be created, to a private temporary directory
+(compiled in every process, but the import works). Numba has one cache directory per process
+and reads it at decoration time, so it is set before any kernel module is imported; an explicit
+``NUMBA_CACHE_DIR`` wins.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 OMP_WAIT_POLICY = "PASSIVE"
 
@@ -24,4 +40,34 @@ def configure_threading_layer() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
 
 
+def _writable(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mooncake-columnar" / "numba"
+
+
+def configure_numba_cache() -> None:
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    package = Path(__file__).resolve().parent
+    in_tree = package / "__pycache__"  # pip's install precompiles, so it usually exists (root-owned)
+    if os.access(in_tree if in_tree.is_dir() else package, os.W_OK | os.X_OK):
+        return
+    cache_dir = user_cache_dir()
+    if not _writable(cache_dir):
+        cache_dir = Path(tempfile.mkdtemp(prefix="mooncake-columnar-numba-"))  # private: Numba unpickles from it
+        atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
+    os.environ["NUMBA_CACHE_DIR"] = str(cache_dir)
+    if "numba.core.config" in sys.modules:  # numba imported first: it read the environment already
+        sys.modules["numba.core.config"].reload_config()
+
+
 configure_threading_layer()
+configure_numba_cache()
