@@ -258,11 +258,12 @@ class MasterService:
         o = s.objects
         code, row = ok.find_and_classify_read(
             s.keys.table, s.keys.arena, o.key_ref, o.tenant,
-            np.frombuffer(k.encode(), np.uint8), tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
+            k.encode(), tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
             o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
             o.replica_segment, s.segments.readable, o.replica_more)
-        raise_code(int(code), f"get_replica_list {key!r}")
-        return views.descriptors(s, int(row), readable_only=True)
+        if code:
+            raise_code(code, f"get_replica_list {key!r}")
+        return views.readable_descriptors(s, row)
 
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))

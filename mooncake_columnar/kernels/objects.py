@@ -222,33 +222,37 @@ def complete_puts(rows, *args):
     return _complete_puts_nogil(rows, *args)
 
 
+@njit(inline="always", cache=True)
+def classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable, more):
+    """get/exist of one row: OK (lease granted), NOT_FOUND (also r < 0), or NOT_READY."""
+    if r < 0:
+        return NOT_FOUND
+    readable = False
+    all_removed = True
+    rr = r
+    while rr >= 0:
+        for j in range(rep_status.shape[1]):
+            st = rep_status[rr, j]
+            if not slot_in_use(st):
+                continue
+            if not slot_is_removed(st):
+                all_removed = False
+            if is_readable_replica(st, rep_kind[rr, j], rep_seg[rr, j], seg_readable):
+                readable = True
+        rr = next_row(more, rr)
+    if readable:
+        grant_read_lease(r, now, ttl_ns, lease, flags, group_next)
+        return OK
+    return NOT_FOUND if all_removed else NOT_READY
+
+
 @njit(cache=True)
 def _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
                     rep_status, rep_kind, rep_seg, seg_readable, more):
     """get/exist: OK (lease granted), NOT_FOUND, or NOT_READY per row, one ``now`` for all."""
     for i in range(rows.shape[0]):
-        r = rows[i]
-        if r < 0:
-            codes[i] = NOT_FOUND
-            continue
-        readable = False
-        all_removed = True
-        rr = r
-        while rr >= 0:
-            for j in range(rep_status.shape[1]):
-                st = rep_status[rr, j]
-                if not slot_in_use(st):
-                    continue
-                if not slot_is_removed(st):
-                    all_removed = False
-                if is_readable_replica(st, rep_kind[rr, j], rep_seg[rr, j], seg_readable):
-                    readable = True
-            rr = next_row(more, rr)
-        if readable:
-            grant_read_lease(r, now, ttl_ns, lease, flags, group_next)
-            codes[i] = OK
-        else:
-            codes[i] = NOT_FOUND if all_removed else NOT_READY
+        codes[i] = classify_read(rows[i], now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+                                 seg_readable, more)
 
 
 _classify_reads_nogil = variant(_classify_reads, "_nogil", nogil=True)
@@ -264,15 +268,14 @@ def classify_reads(rows, *args):
 @njit(cache=True)
 def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns,
                            flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable, more):
-    """Single-key fast path of get_replica_list: (code, row) with the lease granted on OK."""
-    h = hk.hash_key(key, 0, key.shape[0], tenant)
-    r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, key.shape[0], tenant, h)
-    rows = np.empty(1, np.int64)
-    rows[0] = r
-    codes = np.empty(1, np.int32)
-    _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next, rep_status, rep_kind, rep_seg,
-                   seg_readable, more)
-    return codes[0], r
+    """Single-key fast path of get_replica_list/exist_key: (code, row) with the lease granted
+    on OK. ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); no array
+    is allocated either."""
+    n = len(key)
+    h = hk.hash_key(key, 0, n, tenant)
+    r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, n, tenant, h)
+    return classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+                         seg_readable, more), r
 
 
 @njit(cache=True)

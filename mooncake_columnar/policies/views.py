@@ -68,12 +68,43 @@ def segment_info(store: MetadataStore, metrics: Metrics) -> dict[str, SegmentInf
 
 def descriptors(store: MetadataStore, row: int, *, readable_only: bool) -> list[ReplicaDescriptor]:
     """Replica descriptors of the object at ``row`` (its row, then its continuation rows)."""
-    # on the single-key read path: plain lists and tuple lookups, no per-slot NumPy scalars
+    if readable_only:
+        return readable_descriptors(store, row)
     out: list[ReplicaDescriptor] = []
     more = store.objects.replica_more
     while row >= 0:  # the object's row, then its continuation rows (kernels/chains.py)
         _row_descriptors(store, row, readable_only, out)
         row = int(more[row]) if row < more.size else -1
+    return out
+
+
+def readable_descriptors(store: MetadataStore, row: int) -> list[ReplicaDescriptor]:
+    """``descriptors(store, row, readable_only=True)``: the single-key get path. Plain ints
+    from ``ndarray.item`` (no NumPy view or scalar per slot), and only COMPLETE slots looked
+    at further (a readable replica is COMPLETE, whatever its kind)."""
+    o = store.objects
+    status, kinds, seg_col, ids, offsets, sizes = (o.replica_status, o.replica_kind, o.replica_segment,
+                                                   o.replica_id, o.replica_offset, o.size_bytes)
+    more = o.replica_more
+    readable_mask = store.segments.readable
+    info = store.segments.info
+    width = status.shape[1]
+    out: list[ReplicaDescriptor] = []
+    while row >= 0:  # the object's row, then its continuation rows (kernels/chains.py)
+        for j in range(width):
+            if status.item(row, j) != _COMPLETE:
+                continue
+            code = seg_col.item(row, j)
+            kind = _KINDS[kinds.item(row, j)]
+            if kind != ReplicaKind.MEMORY:  # LOCAL_DISK: the segment column holds the owner client
+                out.append(ReplicaDescriptor(ids.item(row, j), kind, ReplicaStatus.COMPLETE, "",
+                                             store.clients.name(code), 0, sizes.item(row), True))
+            elif code >= 0 and readable_mask.item(code):  # kernels/predicates.is_readable_replica
+                seg = info[code]
+                out.append(ReplicaDescriptor(ids.item(row, j), kind, ReplicaStatus.COMPLETE, seg.name,
+                                             seg.endpoint, seg.base + offsets.item(row, j), sizes.item(row),
+                                             True))
+        row = more.item(row) if row < more.size else -1
     return out
 
 
