@@ -266,16 +266,41 @@ def classify_reads(rows, *args):
 
 
 @njit(cache=True)
-def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns,
-                           flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable, more):
-    """Single-key fast path of get_replica_list/exist_key: (code, row) with the lease granted
-    on OK. ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); no array
-    is allocated either."""
+def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_next,
+                           rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes):
+    """Single-key fast path of get_replica_list: ``(code, row, count, replica_id, kind, segment,
+    offset, size)`` with the lease granted on OK. ``count``: the object's readable replicas
+    (on OK); when it is 1, the rest are that replica's slot values (its row's size), so the
+    caller builds its one descriptor without reading the columns again (else they are 0).
+    ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is
+    allocated either."""
     n = len(key)
     h = hk.hash_key(key, 0, n, tenant)
     r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, n, tenant, h)
-    return classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
-                         seg_readable, more), r
+    code = classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+                         seg_readable, more)
+    count = 0
+    rid = np.int64(0)
+    kind = np.int64(0)
+    seg = np.int64(0)
+    offset = np.int64(0)
+    size = np.int64(0)
+    if code == OK:
+        rr = r
+        while rr >= 0:
+            for j in range(rep_status.shape[1]):
+                if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
+                    count += 1
+                    if count == 1:
+                        rid = np.int64(rep_id[rr, j])
+                        kind = np.int64(rep_kind[rr, j])
+                        seg = np.int64(rep_seg[rr, j])
+                        offset = np.int64(rep_offset[rr, j])
+                        size = np.int64(size_bytes[rr])
+            rr = next_row(more, rr)
+    if count != 1:
+        rid = kind = seg = offset = size = np.int64(0)
+    return code, r, count, rid, kind, seg, offset, size
 
 
 @njit(cache=True)

@@ -19,6 +19,9 @@ from ..store.metadata import MetadataStore
 _KINDS = {int(k): k for k in ReplicaKind}
 _STATUSES = {int(s): s for s in ReplicaStatus}
 _COMPLETE = int(ReplicaStatus.COMPLETE)
+_COMPLETE_STATUS = ReplicaStatus.COMPLETE
+_MEMORY_KIND = ReplicaKind.MEMORY
+_MEMORY = int(ReplicaKind.MEMORY)
 
 
 def object_info(store: MetadataStore, row: int, key: str) -> ObjectInfo:
@@ -106,6 +109,19 @@ def readable_descriptors(store: MetadataStore, row: int) -> list[ReplicaDescript
                                              True))
         row = more.item(row) if row < more.size else -1
     return out
+
+
+def readable_descriptor(store: MetadataStore, replica_id: int, kind: int, code: int, offset: int,
+                        size: int) -> ReplicaDescriptor:
+    """The descriptor :func:`readable_descriptors` builds for a readable (so COMPLETE) slot
+    with these column values (``code``: the slot's segment column)."""
+    if kind != _MEMORY:  # LOCAL_DISK: the segment column holds the owner client
+        return ReplicaDescriptor(replica_id, _KINDS[kind], _COMPLETE_STATUS, "", store.clients.name(code), 0,
+                                 size, True)
+    seg = store.segments.info[code]
+    assert seg is not None  # readable: its segment is mounted
+    return ReplicaDescriptor(replica_id, _MEMORY_KIND, _COMPLETE_STATUS, seg.name, seg.endpoint, seg.base + offset,
+                             size, True)
 
 
 def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: list[ReplicaDescriptor]) -> None:
