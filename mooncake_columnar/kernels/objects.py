@@ -280,11 +280,8 @@ def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now,
     code = classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
                          seg_readable, more)
     count = 0
-    rid = np.int64(0)
-    kind = np.int64(0)
-    seg = np.int64(0)
-    offset = np.int64(0)
-    size = np.int64(0)
+    rid = np.uint64(0)  # the replica id column's dtype (a uint64 boxes to an exact Python int)
+    kind = seg = offset = size = 0  # int(): plain ints under NUMBA_DISABLE_JIT too
     if code == OK:
         rr = r
         while rr >= 0:
@@ -292,14 +289,15 @@ def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now,
                 if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
                     count += 1
                     if count == 1:
-                        rid = np.int64(rep_id[rr, j])
-                        kind = np.int64(rep_kind[rr, j])
-                        seg = np.int64(rep_seg[rr, j])
-                        offset = np.int64(rep_offset[rr, j])
-                        size = np.int64(size_bytes[rr])
+                        rid = int(rep_id[rr, j])
+                        kind = int(rep_kind[rr, j])
+                        seg = int(rep_seg[rr, j])
+                        offset = int(rep_offset[rr, j])
+                        size = int(size_bytes[rr])
             rr = next_row(more, rr)
     if count != 1:
-        rid = kind = seg = offset = size = np.int64(0)
+        rid = np.uint64(0)
+        kind = seg = offset = size = 0
     return code, r, count, rid, kind, seg, offset, size
 
 

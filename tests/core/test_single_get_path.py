@@ -83,3 +83,13 @@ def test_single_get_of_a_local_disk_replica_in_a_continuation_row(clocks: Manual
     m.evict(target=0.25)  # the memory replica goes, the disk copy (in the continuation row) serves reads
     assert [r.kind.name for r in check(m, "k0")] == ["LOCAL_DISK"]
     m.verify()
+
+
+def test_single_get_keeps_a_replica_id_past_2_63_exact_and_every_field_a_plain_python_value(clocks):
+    m = MasterService(MasterConfig(default_kv_lease_ttl_ms=TTL_MS), clocks=clocks)
+    m.mount_segment("seg0", endpoint="10.0.0.1:1", client_id="c0", base=1 << 32, size=16 * MB)
+    m.put_start("a", 10, client_id="c0")
+    m.put_end("a", client_id="c0")
+    m.objects.replica_id[:] = (1 << 64) - 5  # the column is uint64: no int64 wrap on the way out
+    (rep,) = check(m, "a")
+    assert rep.replica_id == (1 << 64) - 5
