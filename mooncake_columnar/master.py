@@ -256,13 +256,16 @@ class MasterService:
         s = self.store
         tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
         o = s.objects
-        code, row = ok.find_and_classify_read(
+        code, row, count, replica_id, kind, segment, offset, size = ok.find_and_classify_read(
             s.keys.table, s.keys.arena, o.key_ref, o.tenant,
-            np.frombuffer(k.encode(), np.uint8), tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
+            k.encode(), tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
             o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
-            o.replica_segment, s.segments.readable, o.replica_more)
-        raise_code(int(code), f"get_replica_list {key!r}")
-        return views.descriptors(s, int(row), readable_only=True)
+            o.replica_segment, s.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes)
+        if code:
+            raise_code(code, f"get_replica_list {key!r}")
+        if count == 1:  # the common case: the kernel read the one readable replica's slot
+            return [views.readable_descriptor(s, replica_id, kind, segment, offset, size)]
+        return views.readable_descriptors(s, row)
 
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))

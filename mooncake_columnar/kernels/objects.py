@@ -222,33 +222,37 @@ def complete_puts(rows, *args):
     return _complete_puts_nogil(rows, *args)
 
 
+@njit(inline="always", cache=True)
+def classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable, more):
+    """get/exist of one row: OK (lease granted), NOT_FOUND (also r < 0), or NOT_READY."""
+    if r < 0:
+        return NOT_FOUND
+    readable = False
+    all_removed = True
+    rr = r
+    while rr >= 0:
+        for j in range(rep_status.shape[1]):
+            st = rep_status[rr, j]
+            if not slot_in_use(st):
+                continue
+            if not slot_is_removed(st):
+                all_removed = False
+            if is_readable_replica(st, rep_kind[rr, j], rep_seg[rr, j], seg_readable):
+                readable = True
+        rr = next_row(more, rr)
+    if readable:
+        grant_read_lease(r, now, ttl_ns, lease, flags, group_next)
+        return OK
+    return NOT_FOUND if all_removed else NOT_READY
+
+
 @njit(cache=True)
 def _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
                     rep_status, rep_kind, rep_seg, seg_readable, more):
     """get/exist: OK (lease granted), NOT_FOUND, or NOT_READY per row, one ``now`` for all."""
     for i in range(rows.shape[0]):
-        r = rows[i]
-        if r < 0:
-            codes[i] = NOT_FOUND
-            continue
-        readable = False
-        all_removed = True
-        rr = r
-        while rr >= 0:
-            for j in range(rep_status.shape[1]):
-                st = rep_status[rr, j]
-                if not slot_in_use(st):
-                    continue
-                if not slot_is_removed(st):
-                    all_removed = False
-                if is_readable_replica(st, rep_kind[rr, j], rep_seg[rr, j], seg_readable):
-                    readable = True
-            rr = next_row(more, rr)
-        if readable:
-            grant_read_lease(r, now, ttl_ns, lease, flags, group_next)
-            codes[i] = OK
-        else:
-            codes[i] = NOT_FOUND if all_removed else NOT_READY
+        codes[i] = classify_read(rows[i], now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+                                 seg_readable, more)
 
 
 _classify_reads_nogil = variant(_classify_reads, "_nogil", nogil=True)
@@ -262,17 +266,39 @@ def classify_reads(rows, *args):
 
 
 @njit(cache=True)
-def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns,
-                           flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable, more):
-    """Single-key fast path of get_replica_list: (code, row) with the lease granted on OK."""
-    h = hk.hash_key(key, 0, key.shape[0], tenant)
-    r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, key.shape[0], tenant, h)
-    rows = np.empty(1, np.int64)
-    rows[0] = r
-    codes = np.empty(1, np.int32)
-    _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next, rep_status, rep_kind, rep_seg,
-                   seg_readable, more)
-    return codes[0], r
+def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_next,
+                           rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes):
+    """Single-key fast path of get_replica_list: ``(code, row, count, replica_id, kind, segment,
+    offset, size)`` with the lease granted on OK. ``count``: the object's readable replicas
+    (on OK); when it is 1, the rest are that replica's slot values (its row's size), so the
+    caller builds its one descriptor without reading the columns again (else they are 0).
+    ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is
+    allocated either."""
+    n = len(key)
+    h = hk.hash_key(key, 0, n, tenant)
+    r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, n, tenant, h)
+    code = classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+                         seg_readable, more)
+    count = 0
+    rid = np.uint64(0)  # the replica id column's dtype (a uint64 boxes to an exact Python int)
+    kind = seg = offset = size = 0  # int(): plain ints under NUMBA_DISABLE_JIT too
+    if code == OK:
+        rr = r
+        while rr >= 0:
+            for j in range(rep_status.shape[1]):
+                if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
+                    count += 1
+                    if count == 1:
+                        rid = int(rep_id[rr, j])
+                        kind = int(rep_kind[rr, j])
+                        seg = int(rep_seg[rr, j])
+                        offset = int(rep_offset[rr, j])
+                        size = int(size_bytes[rr])
+            rr = next_row(more, rr)
+    if count != 1:
+        rid = np.uint64(0)
+        kind = seg = offset = size = 0
+    return code, r, count, rid, kind, seg, offset, size
 
 
 @njit(cache=True)

@@ -19,6 +19,9 @@ from ..store.metadata import MetadataStore
 _KINDS = {int(k): k for k in ReplicaKind}
 _STATUSES = {int(s): s for s in ReplicaStatus}
 _COMPLETE = int(ReplicaStatus.COMPLETE)
+_COMPLETE_STATUS = ReplicaStatus.COMPLETE
+_MEMORY_KIND = ReplicaKind.MEMORY
+_MEMORY = int(ReplicaKind.MEMORY)
 
 
 def object_info(store: MetadataStore, row: int, key: str) -> ObjectInfo:
@@ -68,13 +71,57 @@ def segment_info(store: MetadataStore, metrics: Metrics) -> dict[str, SegmentInf
 
 def descriptors(store: MetadataStore, row: int, *, readable_only: bool) -> list[ReplicaDescriptor]:
     """Replica descriptors of the object at ``row`` (its row, then its continuation rows)."""
-    # on the single-key read path: plain lists and tuple lookups, no per-slot NumPy scalars
+    if readable_only:
+        return readable_descriptors(store, row)
     out: list[ReplicaDescriptor] = []
     more = store.objects.replica_more
     while row >= 0:  # the object's row, then its continuation rows (kernels/chains.py)
         _row_descriptors(store, row, readable_only, out)
         row = int(more[row]) if row < more.size else -1
     return out
+
+
+def readable_descriptors(store: MetadataStore, row: int) -> list[ReplicaDescriptor]:
+    """``descriptors(store, row, readable_only=True)``: the single-key get path. Plain ints
+    from ``ndarray.item`` (no NumPy view or scalar per slot), and only COMPLETE slots looked
+    at further (a readable replica is COMPLETE, whatever its kind)."""
+    o = store.objects
+    status, kinds, seg_col, ids, offsets, sizes = (o.replica_status, o.replica_kind, o.replica_segment,
+                                                   o.replica_id, o.replica_offset, o.size_bytes)
+    more = o.replica_more
+    readable_mask = store.segments.readable
+    info = store.segments.info
+    width = status.shape[1]
+    out: list[ReplicaDescriptor] = []
+    while row >= 0:  # the object's row, then its continuation rows (kernels/chains.py)
+        for j in range(width):
+            if status.item(row, j) != _COMPLETE:
+                continue
+            code = seg_col.item(row, j)
+            kind = _KINDS[kinds.item(row, j)]
+            if kind != ReplicaKind.MEMORY:  # LOCAL_DISK: the segment column holds the owner client
+                out.append(ReplicaDescriptor(ids.item(row, j), kind, ReplicaStatus.COMPLETE, "",
+                                             store.clients.name(code), 0, sizes.item(row), True))
+            elif code >= 0 and readable_mask.item(code):  # kernels/predicates.is_readable_replica
+                seg = info[code]
+                out.append(ReplicaDescriptor(ids.item(row, j), kind, ReplicaStatus.COMPLETE, seg.name,
+                                             seg.endpoint, seg.base + offsets.item(row, j), sizes.item(row),
+                                             True))
+        row = more.item(row) if row < more.size else -1
+    return out
+
+
+def readable_descriptor(store: MetadataStore, replica_id: int, kind: int, code: int, offset: int,
+                        size: int) -> ReplicaDescriptor:
+    """The descriptor :func:`readable_descriptors` builds for a readable (so COMPLETE) slot
+    with these column values (``code``: the slot's segment column)."""
+    if kind != _MEMORY:  # LOCAL_DISK: the segment column holds the owner client
+        return ReplicaDescriptor(replica_id, _KINDS[kind], _COMPLETE_STATUS, "", store.clients.name(code), 0,
+                                 size, True)
+    seg = store.segments.info[code]
+    assert seg is not None  # readable: its segment is mounted
+    return ReplicaDescriptor(replica_id, _MEMORY_KIND, _COMPLETE_STATUS, seg.name, seg.endpoint, seg.base + offset,
+                             size, True)
 
 
 def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: list[ReplicaDescriptor]) -> None:
