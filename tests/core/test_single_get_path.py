@@ -56,7 +56,9 @@ def test_single_get_matches_the_general_builder_for_1_2_and_wide_objects_and_aft
     m.verify()
 
 
-def test_single_get_of_two_readable_replicas_a_memory_one_and_a_local_disk_one(clocks: ManualClocks):
+def _offloaded_master(clocks: ManualClocks) -> MasterService:
+    """Four objects on one segment; eviction offloaded k0's replica to its owner's disk, so k0
+    holds a MEMORY replica and a LOCAL_DISK one (in a continuation row)."""
     m = MasterService(MasterConfig(default_kv_lease_ttl_ms=TTL_MS, enable_offload=True, offload_on_evict=True),
                       clocks=clocks)
     m.mount_segment("seg0", endpoint="10.0.0.1:1", client_id="c0", base=1 << 32, size=16 * MB)
@@ -66,19 +68,16 @@ def test_single_get_of_two_readable_replicas_a_memory_one_and_a_local_disk_one(c
     clocks.advance(ms=TTL_MS)
     assert m.evict(target=0.25).offloads_queued == 1
     m.complete_offload("k0", client_id="c0")
+    return m
+
+
+def test_single_get_of_two_readable_replicas_a_memory_one_and_a_local_disk_one(clocks: ManualClocks):
+    m = _offloaded_master(clocks)
     assert sorted(r.kind.name for r in check(m, "k0")) == ["LOCAL_DISK", "MEMORY"]
 
 
 def test_single_get_of_a_local_disk_replica_in_a_continuation_row(clocks: ManualClocks):
-    m = MasterService(MasterConfig(default_kv_lease_ttl_ms=TTL_MS, enable_offload=True, offload_on_evict=True),
-                      clocks=clocks)
-    m.mount_segment("seg0", endpoint="10.0.0.1:1", client_id="c0", base=1 << 32, size=16 * MB)
-    keys = [f"k{i}" for i in range(4)]
-    m.batch_put_start(keys, np.full(4, 1024), client_id="c0")
-    m.batch_put_end(keys, client_id="c0")
-    clocks.advance(ms=TTL_MS)
-    assert m.evict(target=0.25).offloads_queued == 1
-    m.complete_offload("k0", client_id="c0")
+    m = _offloaded_master(clocks)
     assert sorted(r.kind.name for r in m.object_info("k0").replicas) == ["LOCAL_DISK", "MEMORY"]
     m.evict(target=0.25)  # the memory replica goes, the disk copy (in the continuation row) serves reads
     assert [r.kind.name for r in check(m, "k0")] == ["LOCAL_DISK"]
