@@ -6,7 +6,7 @@ No policy here: what to erase, evict or refuse is decided by the callers.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -263,11 +263,6 @@ class MetadataStore:
         self.erase_rows(emptied, charged=False)
         self.discarded.keep(self.discarded.seg != code)
         self.segments.unmount(code)
-
-    def unmount_segments(self, codes: Iterable[int]) -> None:
-        """:meth:`unmount_segment` for each of ``codes``."""
-        for code in codes:
-            self.unmount_segment(code)
 
     # ---- discarded puts -------------------------------------------------------------------------
     def discard_puts(self, rows: np.ndarray, release_after_ms: int) -> None:
