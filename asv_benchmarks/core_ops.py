@@ -223,7 +223,7 @@ class ReaderWait(_Core):
 
 
 class Memory(_Core):
-    """Metadata footprint (budget: <= 96 B/object now, 64 B goal; key bytes are separate)."""
+    """Metadata footprint (budget: <= 64 B/object, columns <= ~54 and index ~10; key bytes are separate)."""
 
     def setup(self, objects: int) -> None:
         self.mem = cached_master(objects).metadata_bytes()
@@ -232,6 +232,16 @@ class Memory(_Core):
         return (self.mem["columns"] + self.mem["index"] + self.mem["inflight"]) / objects
 
     track_bytes_per_object.unit = "bytes"
+
+    def track_column_bytes_per_object(self, objects: int) -> float:
+        return self.mem["columns"] / objects
+
+    track_column_bytes_per_object.unit = "bytes"
+
+    def track_index_bytes_per_object(self, objects: int) -> float:
+        return self.mem["index"] / objects
+
+    track_index_bytes_per_object.unit = "bytes"
 
     def track_key_bytes_per_object(self, objects: int) -> float:
         return self.mem["key_bytes"] / objects

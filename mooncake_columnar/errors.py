@@ -189,6 +189,16 @@ class RollbackClientIdsNotUpstream(RollbackRefused):
                          "at mount and put_start)")
 
 
+class NameLimitExceeded(InvalidParams):
+    """A name dictionary (``table``: tenants, clients, segments) already holds ``limit`` names,
+    as many as its code column can tell apart; the new name is refused and nothing changed."""
+
+    def __init__(self, table: str, name: str, limit: int):
+        self.table, self.limit = table, limit
+        super().__init__(f"{table}: {name!r} would be name {limit + 1}; the {table} code column holds "
+                         f"at most {limit} names")
+
+
 class InvalidConfig(InvalidParams):
     """A MasterConfig field is out of range; ``field`` names it."""
 
@@ -200,7 +210,7 @@ class InvalidConfig(InvalidParams):
 _BY_CODE: dict[int, type[MooncakeError]] = {}
 for _cls in list(globals().values()):
     if (isinstance(_cls, type) and issubclass(_cls, MooncakeError)
-            and _cls not in (MooncakeError, InvalidConfig, EngineInvariantError)):
+            and _cls not in (MooncakeError, InvalidConfig, NameLimitExceeded, EngineInvariantError)):
         _BY_CODE.setdefault(int(_cls.code), _cls)
 
 

@@ -367,6 +367,7 @@ class MasterService:
             raise SegmentAlreadyExists(f"segment id {seg.segment_id!r} is already mounted as "
                                        f"{table.mounted(table.by_id[seg.segment_id]).name!r}")
         seg = replace(seg, segment_id=seg.segment_id or table.fresh_id())
+        table.check_room([seg])
         journaled = seg_policy.journal_segments(self, [seg], mounted=True)
         table.mount(seg)
         journaled.submit()
@@ -480,6 +481,11 @@ class MasterService:
         allocation units). One vectorized pass over the replica slots; also sets the gauges
         ``segment_used_bytes`` and ``segment_held_bytes`` (label ``segment``)."""
         return views.segment_info(self.store, self.metrics)
+
+    @locked
+    def column_bytes(self) -> dict[str, int]:
+        """The ``columns`` figure of :meth:`metadata_bytes`, column by column."""
+        return self.store.objects.column_bytes()
 
     @locked
     def metadata_bytes(self) -> dict[str, int]:

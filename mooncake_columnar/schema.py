@@ -12,6 +12,11 @@ from .clock import INT64_MIN
 NEVER_LEASED = np.int64(INT64_MIN)  # lease deadline that is always expired
 NO_DEADLINE = np.int64(INT64_MIN)   # soft-pin deadline of an object with no active interval
 EMPTY_CODE = -1                    # dictionary code meaning "none" (no group, empty slot)
+# Tenant, client and segment codes are int16 columns (2 bytes an object or slot instead of 4):
+# codes 0..32767, EMPTY_CODE below them. Their dictionaries refuse a name past the limit
+# (NameLimitExceeded); group codes, one per (tenant, group) ever named, stay int32.
+CODE_DTYPE = np.dtype(np.int16)
+MAX_CODES = int(np.iinfo(CODE_DTYPE).max) + 1
 
 # ---- object flag bits (uint8) --------------------------------------------------------------------
 FLAG_LIVE = np.uint8(1)               # row holds an object
@@ -79,8 +84,8 @@ OBJECT_COLUMNS: dict[str, np.dtype] = {
     "soft_pin_deadline_ns": np.dtype(np.int64),
     "size_bytes": np.dtype(np.int64),
     "key_ref": np.dtype(np.int64),             # (arena offset << 16) | key length
-    "tenant": np.dtype(np.int32),
-    "client": np.dtype(np.int32),
+    "tenant": CODE_DTYPE,
+    "client": CODE_DTYPE,
     "group": np.dtype(np.int32),
     "group_next": np.dtype(np.int32),          # circular list of group members (self when alone)
     "inflight": np.dtype(np.int32),            # slot in the InflightTable while PROCESSING, else -1
@@ -95,7 +100,7 @@ PUT_START_NONE = np.uint32(0xFFFF_FFFF)  # put_start_rel of an object whose put 
 REPLICA_COLUMNS: dict[str, np.dtype] = {
     "replica_offset": np.dtype(np.int64),   # byte offset inside the segment
     "replica_id": np.dtype(np.uint64),
-    "replica_segment": np.dtype(np.int32),  # segment code (MEMORY) or client code (LOCAL_DISK)
+    "replica_segment": CODE_DTYPE,          # segment code (MEMORY) or client code (LOCAL_DISK)
     "replica_refcnt": np.dtype(np.uint16),
     "replica_kind": np.dtype(np.uint8),
     "replica_status": np.dtype(np.uint8),   # 0 = empty slot

@@ -67,6 +67,7 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
     """put_start of the keys ``offsets``/``data``: per key, the code and the new row (-1)."""
     s, cfg = m.store, m.config
     tenant, flags, pending_ttl_ns = resolve_put_config(s, cfg, config)
+    client_code = s.clients.code(client)  # before any change: a full dictionary refuses the put
     now_ms = m.clocks.system_ns() // NS_PER_MS
     o = s.objects
     n = offsets.size - 1
@@ -100,7 +101,7 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
     width = replica_width(s, config.replica_num, offsets, data, picks, tenant)
     preferred = np.array([s.segments.code(name) for name in config.preferred_segments], np.int64)
     new = s.insert_puts(picks, offsets, data, tenant, sizes, width, preferred, codes, rows_out)
-    o.client[new] = s.clients.code(client)
+    o.client[new] = client_code
     slots = s.inflight.take(new)
     o.inflight[new] = slots
     s.inflight.started(slots, now_ms)

@@ -168,6 +168,7 @@ def remount(m: "MasterService", client_id: str, segments: Sequence[Segment | dic
     for c, seg in restored:
         old = table.mounted(c)
         renamed.append(replace(old, segment_id=seg.segment_id or old.segment_id, host_id=seg.host_id or old.host_id))
+    table.check_room(plain)
     journaled = journal_segments(m, plain + renamed, mounted=True)
     rec = None
     if restored:

@@ -14,8 +14,8 @@ from ..errors import EngineInvariantError
 from ..kernels import allocation as ak
 from ..kernels import objects as ok
 from ..kernels.erase_guard import first_not_erasable
-from ..schema import (EMPTY_CODE, FLAG_GROUPED, KIND_LOCAL_DISK, KIND_MEMORY, ST_EMPTY, ST_PROCESSING, ReplicaKind,
-                      ReplicaStatus)
+from ..schema import (EMPTY_CODE, FLAG_GROUPED, KIND_LOCAL_DISK, KIND_MEMORY, MAX_CODES, ST_EMPTY, ST_PROCESSING,
+                      ReplicaKind, ReplicaStatus)
 from ..validation import require_str
 from .discarded import DiscardedExtents
 from .inserts import NewObjects, insert_objects
@@ -43,8 +43,8 @@ class MetadataStore:
         self.keys = KeyIndex(self.objects, initial_capacity)
         self.inflight = InflightTable()
         self.segments = SegmentTable()
-        self.tenants = StringDictionary()
-        self.clients = StringDictionary()
+        self.tenants = StringDictionary("tenants", MAX_CODES)
+        self.clients = StringDictionary("clients", MAX_CODES)
         self.groups = StringDictionary()           # "tenant\0group" -> code (groups are tenant-scoped)
         self.group_names: list[str] = []           # code -> group name (without its tenant)
         self.group_head = np.full(16, -1, np.int64)

@@ -305,11 +305,17 @@ class ObjectTable:
 
     def resident_bytes(self) -> int:
         """Bytes of every column for the rows in use (what the process actually touches)."""
-        per_row = sum(dt.itemsize for dt in OBJECT_COLUMNS.values())
-        per_row += self.slots * sum(dt.itemsize for dt in REPLICA_COLUMNS.values())
-        per_row += self.replica_more.itemsize if self.replica_more.size else 0
-        return (per_row * self.high_water + self.free_rows.nbytes + self.checksum_rows.nbytes
-                + self.checksum_values.nbytes)
+        return sum(self.column_bytes().values())
+
+    def column_bytes(self) -> dict[str, int]:
+        """:meth:`resident_bytes` column by column (the side tables under their own names)."""
+        hw = self.high_water
+        out = {name: dt.itemsize * hw for name, dt in OBJECT_COLUMNS.items()}
+        out.update({name: dt.itemsize * hw * self.slots for name, dt in REPLICA_COLUMNS.items()})
+        out["replica_more"] = self.replica_more.itemsize * hw if self.replica_more.size else 0
+        out["free_rows"] = self.free_rows.nbytes
+        out["checksums"] = self.checksum_rows.nbytes + self.checksum_values.nbytes
+        return out
 
 
 def put_start_ms(rel: np.ndarray, base_ms: int | None) -> np.ndarray:

@@ -18,11 +18,11 @@ import numpy as np
 import pyarrow as pa
 from numba.typed import List
 
-from ..errors import EngineInvariantError, InvalidParams, SegmentExtentsCorrupt
+from ..errors import EngineInvariantError, InvalidParams, NameLimitExceeded, SegmentExtentsCorrupt
 from ..kernels import allocation as ak
 from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
-from ..schema import SEGMENTS_ARROW_SCHEMA
+from ..schema import MAX_CODES, SEGMENTS_ARROW_SCHEMA
 from .upstream_ids import new_upstream_uuid
 
 
@@ -91,7 +91,9 @@ class SegmentTable:
         elif seg.segment_id in self.by_id:
             raise InvalidParams(f"segment id {seg.segment_id!r} of {seg.name!r} is already mounted as "
                              f"{self.mounted(self.by_id[seg.segment_id]).name!r}")
-        code = next((c for c, s in enumerate(self.info) if s is None), len(self.info))
+        self.check_room([seg])
+        # the lowest free code (no scan while every code is taken: mounting many stays linear)
+        code = len(self.info) if len(self.by_name) == len(self.info) else self.info.index(None)
         if code == len(self.info):
             self.info.append(None)
             self._grow(code + 1)
@@ -108,6 +110,13 @@ class SegmentTable:
         # an unreadable (standby-restored) segment takes no new allocations until its remount
         self.allocatable[code] = readable
         return code
+
+    def check_room(self, segs: Sequence[Segment]) -> None:
+        """NameLimitExceeded when mounting ``segs`` too would need a code past MAX_CODES (the
+        replica_segment column holds it): callers check before they change anything."""
+        free = MAX_CODES - len(self.by_name)
+        if len(segs) > free:
+            raise NameLimitExceeded("segments", segs[max(free, 0)].name, MAX_CODES)
 
     def fresh_id(self) -> str:
         """An upstream-style segment id no mounted segment has."""

@@ -246,6 +246,7 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
     batch = min(batch, objects)
     rng = np.random.default_rng(7)
     mem = m.metadata_bytes()  # before the timed puts below add (and free) rows
+    by_column = m.column_bytes()
     # client threads first: the batch puts below can arm an eviction (at 1M objects the build's
     # headroom holds a quarter of a 1M batch) that the background thread would then run
     threads = threads_figures(m, objects)
@@ -313,6 +314,7 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
         "batch_get_ratio_to_baseline_copy": get_s / copy_s,
         "bytes_per_object": (mem["columns"] + mem["index"] + mem["inflight"]) / objects,
         "column_bytes_per_object": mem["columns"] / objects,
+        "column_bytes_per_object_by_name": {k: v / objects for k, v in by_column.items() if v},
         "index_bytes_per_object": mem["index"] / objects,
         "key_arena_bytes_per_object": mem["key_bytes"] / objects,
         **threads,
