@@ -88,7 +88,6 @@ OBJECT_COLUMNS: dict[str, np.dtype] = {
     "client": CODE_DTYPE,
     "group": np.dtype(np.int32),
     "group_next": np.dtype(np.int32),          # circular list of group members (self when alone)
-    "inflight": np.dtype(np.int32),            # slot in the InflightTable while PROCESSING, else -1
     "put_start_rel": np.dtype(np.uint32),      # put start, system ms after ObjectTable.put_start_base_ms
     "flags": np.dtype(np.uint8),
     "data_type": np.dtype(np.uint8),

@@ -30,10 +30,11 @@ Checks, in order:
 * ``index_count``, ``index_slot``, ``key_ref``, ``index_lookup``: the key index holds exactly
   live_count entries, each pointing at a LIVE row, and every LIVE row is found by its own key
   (hashing.find_row's answer, checked as one sequential pass over the table: see _scan_index).
-* ``inflight_slots``, ``inflight_row``, ``inflight_claim``: the InflightTable's free stack is
-  the exact complement of its in-use slots, and only in-use slots name an owner row; a LIVE row
-  holds a slot iff it is PROCESSING, the slot is in use and names it as owner, and every
-  in-use slot is held by exactly one LIVE row; a free row holds none (release_rows drops it).
+* ``inflight_slots``, ``inflight_index``, ``inflight_row``, ``inflight_claim``: the
+  InflightTable's free stack is the exact complement of its in-use slots, only in-use slots name
+  an owner row, and its row index holds exactly the in-use slots; a LIVE row holds a slot (found
+  through the index) iff it is PROCESSING, and every in-use slot is held by exactly one LIVE
+  row; a free row holds none.
 * ``group_member``, ``group_link``, ``group_head``: grouped LIVE rows form one circular
   ``group_next`` list per group code, members share the code and FLAG_GROUPED, ungrouped LIVE
   rows point at themselves, ``group_head[g]`` is a member of g or -1 for an empty group.

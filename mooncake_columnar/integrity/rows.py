@@ -127,7 +127,7 @@ def check_rows(m: "MasterService") -> np.ndarray:
 
 # ================================================================================ in-flight
 @njit(cache=True, nogil=True)
-def _claim_slots(hw, flags, inflight, in_use, owner, claims):
+def _claim_slots(hw, flags, slot_of, in_use, owner, claims):
     """Count the LIVE rows holding each in-flight slot. (0, -1) or (problem, row): 1 PROCESSING
     without a slot, 2 slot out of range, 3 a slot without PROCESSING, 4 the slot is free,
     5 a second row claims the slot, 6 the slot names another owner row, 7 a freed row keeps a
@@ -135,7 +135,7 @@ def _claim_slots(hw, flags, inflight, in_use, owner, claims):
     cap = in_use.shape[0]
     for r in range(hw):
         f = flags[r]
-        slot = inflight[r]
+        slot = slot_of[r]
         if not is_live(f):
             if slot != -1:
                 return 7, r
@@ -178,6 +178,12 @@ def _check_inflight_table(m: "MasterService") -> None:
     stray = np.flatnonzero(~t.in_use & (t.row[:cap] != -1))
     if stray.size:
         fail("inflight_slots", f"free slot {int(stray[0])} still names owner row {int(t.row[stray[0]])}")
+    indexed = t.index[t.index >= 0]
+    if t.index.size & (t.index.size - 1) or 2 * indexed.size > t.index.size:
+        fail("inflight_index", f"row index of {t.index.size} entries holds {indexed.size}: not a power of two "
+                               "at most half full")
+    if indexed.size != in_use or (indexed.size and (indexed.max() >= cap or not t.in_use[indexed].all())):
+        fail("inflight_index", f"row index holds {indexed.size} slots, not the {in_use} in-use ones")
 
 
 def check_inflight(m: "MasterService") -> None:
@@ -185,9 +191,10 @@ def check_inflight(m: "MasterService") -> None:
     _check_inflight_table(m)
     cap = t.in_use.size
     claims = np.zeros(cap, np.int32)
-    problem, r = _claim_slots(o.high_water, o.flags, o.inflight, t.in_use, t.row, claims)
+    slot_of = t.slots_of(np.arange(o.high_water))
+    problem, r = _claim_slots(o.high_water, o.flags, slot_of, t.in_use, t.row, claims)
     if problem:
-        slot = int(o.inflight[r])
+        slot = int(slot_of[r])
         what = {1: "is PROCESSING without an in-flight slot", 2: f"points at slot {slot} (out of range)",
                 3: f"holds in-flight slot {slot} but is not PROCESSING",
                 4: f"points at free in-flight slot {slot}",

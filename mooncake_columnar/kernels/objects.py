@@ -17,6 +17,7 @@ from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
 from .leases import commit_soft_pin, grant_read_lease, grant_until
 from .rowbits import bit, words_for
+from .slot_index import find_slot
 from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_memory_replica_on, is_put_in_flight,
                          is_readable_replica, memory_replica_segment, lease_expired, slot_in_use, slot_is_complete,
                          slot_is_processing, slot_is_removed)
@@ -162,11 +163,12 @@ def insert_new_puts(picks, *args):
 
 @njit(cache=True)
 def _complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadline, rep_status,
-                   inflight, pending_ttl, released, more):
+                   inflight_index, inflight_owner, pending_ttl, released, more):
     """put_end for many rows: PROCESSING -> COMPLETE, lease = max(lease, now), soft-pin commit.
 
-    ``codes`` is pre-filled (NOT_FOUND where row < 0). Inflight slots of finished puts are
-    written to ``released`` (else -1). Returns the number of replicas completed.
+    ``codes`` is pre-filled (NOT_FOUND where row < 0). Inflight slots of finished puts (found
+    through the in-flight table's row index) are written to ``released`` (else -1). Returns the
+    number of replicas completed.
     """
     done = 0
     for i in range(rows.shape[0]):
@@ -201,12 +203,11 @@ def _complete_puts(rows, client, now, codes, flags, client_col, lease, soft_dead
                     completed += 1
             rr = next_row(more, rr)
         done += completed
-        slot = inflight[r]
+        slot = find_slot(inflight_index, inflight_owner, r)
         if has_pending_soft_pin(f) and not had_complete and completed > 0:
             commit_soft_pin(flags, soft_deadline, r, now, pending_ttl[slot])
         flags[r] = flags[r] & ~np.uint8(_PROCESSING_FLAG)
         released[i] = slot
-        inflight[r] = -1
         grant_until(lease, r, now)
         codes[i] = OK
     return done

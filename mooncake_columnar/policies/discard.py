@@ -15,6 +15,6 @@ def discard_expired_puts(store: MetadataStore, release_timeout_ms: int, now_ms: 
     slots = np.flatnonzero(inflight.in_use)
     late = slots[inflight.put_start_time_ms[slots] + release_timeout_ms < now_ms]
     if late.size:
-        rows = inflight.owned_rows(late, o.inflight)
+        rows = inflight.owned_rows(late)
         chains = o.chains(rows)
         store.discard_puts(rows[~chains.any(o.replica_status[chains.rows] == ST_COMPLETE)], release_timeout_ms)

@@ -103,7 +103,6 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
     new = s.insert_puts(picks, offsets, data, tenant, sizes, width, preferred, codes, rows_out)
     o.client[new] = client_code
     slots = s.inflight.take(new)
-    o.inflight[new] = slots
     s.inflight.started(slots, now_ms)
     o.set_put_start(new, now_ms)
     s.inflight.pending_soft_pin_ttl_ns[slots] = pending_ttl_ns

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..kernels import arena as arena_k
 from ..kernels import hashing as hk
+from ..kernels import slot_index as sk
 from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class ArenaCompaction:
 
 class InflightGrowth:
     """The in-flight table at a larger capacity (units: its slots, the old ones copied, the new
-    ones set free), the new slots on top of the free stack."""
+    ones set free), the new slots on top of the free stack, and its row index rebuilt."""
 
     phase_starts: tuple[int, ...] = ()
 
@@ -156,12 +157,14 @@ class InflightGrowth:
     def __init__(self, inflight: "InflightTable", capacity: int) -> None:
         self.inflight, self.units, self.old = inflight, capacity, inflight.capacity
         self.new = {name: np.empty(capacity, getattr(inflight, name).dtype) for name in self._FILL}
+        self.index = np.full(sk.index_size(capacity), -1, np.int32)
 
     def step(self, lo: int, hi: int) -> None:
         cut = min(max(lo, self.old), hi)
         for name, col in self.new.items():
             col[lo:cut] = getattr(self.inflight, name)[lo:cut]
             col[cut:hi] = self._FILL[name]
+        sk.insert_slots(self.index, self.new["row"], lo + np.flatnonzero(self.new["in_use"][lo:cut]))
 
     def finish(self) -> None:
         t, old, cap = self.inflight, self.old, self.units
@@ -170,6 +173,7 @@ class InflightGrowth:
         free[t.free_count: t.free_count + cap - old] = np.arange(cap - 1, old - 1, -1)
         for name, col in self.new.items():
             setattr(t, name, col)
+        t.index = self.index
         t.free_slots = free
         t.free_count += cap - old
 

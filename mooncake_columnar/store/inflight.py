@@ -1,10 +1,10 @@
 """InflightTable: state that only in-progress puts need, kept out of the hot object columns.
 
-An object row points at a slot here (``inflight`` column) from put_start until its replicas
-are complete; the slot holds the put start time (system-clock ms, RFC non-goal 7) and the
-pending soft-pin TTL of an ENABLE request, and the row that owns it: a slot is found from its row
-and its row from the slot, and the two must agree (``owned_rows``) before background work acts on
-a slot, so a recycled slot never reaches a row that already let go of it.
+An object row owns a slot here from put_start until its replicas are complete (exactly while
+it is PROCESSING); the slot holds the put start time (system-clock ms, RFC non-goal 7) and the
+pending soft-pin TTL of an ENABLE request, and the row that owns it. A row finds its slot
+through a small open-addressing index (kernels/slot_index.py) instead of a column: every object
+paid 4 bytes for what only puts in flight use.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..kernels import slot_index as sk
 from .growth import GrowthJob, InflightGrowth, run_job
 
 _SHRINK_ABOVE = 4096  # slots kept when no put is in flight
@@ -28,6 +29,7 @@ class InflightTable:
         self.pending_soft_pin_ttl_ns = np.zeros(capacity, np.int64)
         self.in_use = np.zeros(capacity, np.bool_)
         self.row = np.full(capacity, -1, np.int64)   # owner row of an in-use slot
+        self.index = np.full(sk.index_size(capacity), -1, np.int32)  # row -> slot (kernels/slot_index.py)
         self.free_slots = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # stack, top at the end
         self.free_count = capacity
         # a lower bound of the in-flight puts' start times: put_start asks "is any put older than
@@ -47,6 +49,7 @@ class InflightTable:
         self.free_count -= n
         self.in_use[slots] = True
         self.row[slots] = rows
+        sk.insert_slots(self.index, self.row, slots)
         return slots
 
     def release(self, slots: np.ndarray) -> None:
@@ -56,6 +59,7 @@ class InflightTable:
         slots = slots[self.in_use[slots]]
         if slots.size > 1:
             slots = np.unique(slots)
+        sk.remove_slots(self.index, self.row, slots)
         self.in_use[slots] = False
         self.row[slots] = -1
         self.free_slots[self.free_count: self.free_count + slots.size] = slots
@@ -63,12 +67,16 @@ class InflightTable:
         if self.free_count == self.capacity > _SHRINK_ABOVE:  # a big batch is done: give its slots back
             self._reset(64)
 
-    def owned_rows(self, slots: np.ndarray, row_slot: np.ndarray) -> np.ndarray:
-        """Owner rows of in-use ``slots`` whose row still points back at the slot
-        (``row_slot``: the object table's inflight column)."""
-        slots = slots[self.in_use[slots]]
-        rows = self.row[slots]
-        return rows[row_slot[rows] == slots]
+    def slots_of(self, rows: np.ndarray) -> np.ndarray:
+        """The slot each of ``rows`` owns, -1 where none (int64)."""
+        rows = np.asarray(rows, np.int64)
+        out = np.empty(rows.size, np.int64)
+        sk.find_slots(self.index, self.row, rows, out)
+        return out
+
+    def owned_rows(self, slots: np.ndarray) -> np.ndarray:
+        """Owner rows of the in-use ones of ``slots``."""
+        return self.row[slots[self.in_use[slots]]]
 
     def started(self, slots: np.ndarray, start_ms: np.ndarray | int) -> None:
         """Record the (system-clock) start of the puts holding ``slots``."""
@@ -87,7 +95,7 @@ class InflightTable:
 
     def resident_bytes(self) -> int:
         return (self.put_start_time_ms.nbytes + self.pending_soft_pin_ttl_ns.nbytes + self.in_use.nbytes
-                + self.row.nbytes + self.free_slots.nbytes)
+                + self.row.nbytes + self.free_slots.nbytes + self.index.nbytes)
 
     def growth_jobs(self, extra: int) -> list[Callable[[], GrowthJob]]:
         """What ``take`` of ``extra`` more slots would grow, as jobs to run in steps (store/growth.py)."""

@@ -59,7 +59,6 @@ def insert_objects(m: MetadataStore, new: NewObjects) -> np.ndarray:
     processing = np.flatnonzero(new.flags & FLAG_PROCESSING)
     if processing.size:
         slots = m.inflight.take(rows[processing])
-        o.inflight[rows[processing]] = slots
         m.inflight.started(slots, new.put_start_ms[processing])
     _insert_keys(m, rows, new.key_offsets, new.key_data)
     _link_groups(m, rows, new.group)
@@ -74,7 +73,7 @@ def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
         o.reserve(n)
         o.high_water = o.live_count = n
         rows = np.arange(n, dtype=np.int64)
-        for name, fill in (("group", EMPTY_CODE), ("inflight", EMPTY_CODE), ("replica_refcnt", 0)):
+        for name, fill in (("group", EMPTY_CODE), ("replica_refcnt", 0)):
             getattr(o, name)[:n] = fill  # the other columns are written by insert_objects
         o.group_next[:n] = rows
         return rows, slice(0, n)

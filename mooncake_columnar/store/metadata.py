@@ -168,7 +168,8 @@ class MetadataStore:
         self.charge(found, -1)
         ok.complete_puts(rows, client_code, now_ns, codes, o.flags, o.client,
                          o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status,
-                         o.inflight, self.inflight.pending_soft_pin_ttl_ns, released, o.replica_more)
+                         self.inflight.index, self.inflight.row, self.inflight.pending_soft_pin_ttl_ns, released,
+                         o.replica_more)
         self.inflight.release(released)
         self.charge(found, +1)
 
@@ -214,7 +215,7 @@ class MetadataStore:
             r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
             self.clear_slots(chain[r_idx], slot)
         ok.unlink_group_members(rows, self.group_head, o.group_next, o.group, o.flags)
-        self.inflight.release(o.inflight[rows])
+        self.inflight.release(self.inflight.slots_of(rows))
         self.keys.remove(rows)
         o.release_rows(rows)
 

@@ -26,7 +26,6 @@ _OBJECT_FILL = {
     "group": EMPTY_CODE,
     "client": EMPTY_CODE,
     "tenant": EMPTY_CODE,
-    "inflight": EMPTY_CODE,
     "put_start_rel": PUT_START_NONE,
 }
 # put_start_rel holds ms after a per-table base in a uint32 (4 bytes an object instead of 8).
@@ -68,7 +67,6 @@ class ObjectTable:
     client: np.ndarray
     group: np.ndarray
     group_next: np.ndarray
-    inflight: np.ndarray
     put_start_rel: np.ndarray
     flags: np.ndarray
     data_type: np.ndarray
@@ -162,7 +160,6 @@ class ObjectTable:
         if rows.size == 0:
             return
         self.flags[rows] = 0
-        self.inflight[rows] = EMPTY_CODE  # a free row holds no in-flight slot (the caller freed it)
         self.live_count -= rows.size
         if self.replica_more.size:
             chains = self.chains(rows)

@@ -39,7 +39,7 @@ def test_expired_put_discard_never_erases_a_row_freed_while_its_put_was_in_fligh
     assert m.object_count() == 1 and m.objects.live_count == 1 and m.keys.count == 1
     stack = _free_stack(m)
     assert np.unique(stack).size == stack.size
-    assert (m.objects.inflight[stack] == -1).all()
+    assert (m.inflight.slots_of(stack) == -1).all()
     m.verify()
 
 
@@ -50,7 +50,7 @@ def test_freed_rows_hold_no_in_flight_slot(clocks):
     m.put_revoke("a", client_id="client0")
     m.remove_all(force=True)
     m.batch_remove(["b", "c"], force=True)  # PROCESSING: refused, stays in flight
-    assert (m.objects.inflight[_free_stack(m)] == -1).all()
+    assert (m.inflight.slots_of(_free_stack(m)) == -1).all()
     assert m.inflight.in_use.sum() == 3
     m.verify()
 

@@ -206,16 +206,19 @@ def _index_wrong_tag(m: MasterService) -> None:
 
 
 def _inflight_at_complete_row(m: MasterService) -> None:
-    m.objects.inflight[_row(m, "k6")] = m.objects.inflight[_row(m, "p0")]
+    m.inflight.take(np.array([_row(m, "k6")]))
 
 
-def _inflight_shared(m: MasterService) -> None:
-    m.objects.inflight[_row(m, "p1")] = m.objects.inflight[_row(m, "p0")]
+def _inflight_index_entry_lost(m: MasterService) -> None:
+    t = m.inflight
+    t.index[t.index == t.slots_of(np.array([_row(m, "p0")]))[0]] = -1
 
 
 def _inflight_orphan(m: MasterService) -> None:
-    r = _row(m, "p1")  # the row forgets its put, its slot stays in use
-    m.objects.inflight[r] = -1
+    r = _row(m, "p1")  # the row forgets its put; its slot stays in use under a row past the high-water mark
+    t = m.inflight
+    t.release(t.slots_of(np.array([r])))
+    t.take(np.array([m.objects.high_water + 5]))
     m.objects.flags[r] &= ~np.uint8(16)  # FLAG_PROCESSING
     m.objects.replica_status[r, 0] = int(ReplicaStatus.COMPLETE)
 
@@ -257,10 +260,10 @@ CORRUPTIONS: dict[str, tuple[Callable[[MasterService], None], str]] = {
     "index_wrong_tag": (_index_wrong_tag, "index_lookup"),
     "key_ref_outside_arena": (lambda m: m.objects.key_ref.__setitem__(_row(m, "k9"), 1 << 50), "key_ref"),
     "inflight_slot_at_complete_row": (_inflight_at_complete_row, "inflight_row"),
-    "inflight_slot_freed_under_row": (lambda m: m.inflight.release(m.objects.inflight[[_row(m, "p0")]]),
+    "inflight_slot_freed_under_row": (lambda m: m.inflight.release(m.inflight.slots_of(np.array([_row(m, "p0")]))),
                                       "inflight_row"),
-    "inflight_slot_on_free_row": (lambda m: m.objects.inflight.__setitem__(_free_row(m), 0), "inflight_row"),
-    "inflight_slot_shared": (_inflight_shared, "inflight_claim"),
+    "inflight_slot_on_free_row": (lambda m: m.inflight.take(np.array([_free_row(m)])), "inflight_row"),
+    "inflight_index_entry_lost": (_inflight_index_entry_lost, "inflight_index"),
     "inflight_slot_orphaned": (_inflight_orphan, "inflight_claim"),
     "inflight_free_stack": (lambda m: m.inflight.in_use.__setitem__(int(m.inflight.free_slots[0]), True),
                             "inflight_slots"),
