@@ -492,7 +492,8 @@ class MasterService:
         """Resident bytes of the metadata (columns, index, dictionaries), key bytes separately."""
         s = self.store
         return {"columns": s.objects.resident_bytes(), "index": s.keys.resident_bytes(),
-                "inflight": s.inflight.resident_bytes(), "key_bytes": int(s.keys.arena_used)}
+                "inflight": s.inflight.resident_bytes(), "soft_pins": s.soft_pins.resident_bytes(),
+                "key_bytes": int(s.keys.arena_used)}
 
     # ================================================================================ helpers
     def _key_array(self, keys) -> pa.Array:

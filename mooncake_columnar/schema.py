@@ -81,7 +81,6 @@ KIND_LOCAL_DISK = np.uint8(ReplicaKind.LOCAL_DISK)
 # ---- column dtypes -------------------------------------------------------------------------------
 OBJECT_COLUMNS: dict[str, np.dtype] = {
     "lease_deadline_ns": np.dtype(np.int64),
-    "soft_pin_deadline_ns": np.dtype(np.int64),
     "size_bytes": np.dtype(np.int64),
     "key_ref": np.dtype(np.int64),             # (arena offset << 16) | key length
     "tenant": CODE_DTYPE,

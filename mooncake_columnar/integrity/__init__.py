@@ -35,6 +35,9 @@ Checks, in order:
   an owner row, and its row index holds exactly the in-use slots; a LIVE row holds a slot (found
   through the index) iff it is PROCESSING, and every in-use slot is held by exactly one LIVE
   row; a free row holds none.
+* ``soft_pin_slots``, ``soft_pin_index``, ``soft_pin_row``, ``soft_pin_claim``: the SoftPinTable
+  keeps the same bookkeeping; a LIVE row that is SOFT_PIN_ENABLED or PENDING_SOFT_PIN holds a
+  deadline slot, a row that is not LIVE holds none, and every in-use slot's owner finds it.
 * ``group_member``, ``group_link``, ``group_head``: grouped LIVE rows form one circular
   ``group_next`` list per group code, members share the code and FLAG_GROUPED, ungrouped LIVE
   rows point at themselves, ``group_head[g]`` is a member of g or -1 for an empty group.
@@ -50,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from .extents import check_allocators, check_slots
 from .key_index import check_key_index
-from .rows import (check_groups, check_inflight, check_ledger, check_replica_ids, check_rows,
+from .rows import (check_groups, check_inflight, check_ledger, check_replica_ids, check_rows, check_soft_pins,
                    check_segment_registry)
 
 if TYPE_CHECKING:
@@ -66,6 +69,7 @@ def verify_engine(m: "MasterService") -> None:
     check_allocators(m, ascending)
     check_key_index(m)
     check_inflight(m)
+    check_soft_pins(m)
     check_groups(m)
     check_ledger(m)
     check_replica_ids(m)

@@ -9,6 +9,8 @@ from numba import njit
 from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
+from ..store.side_table import RowSideTable
+from ..store.soft_pins import SOFT_PIN_FLAGS
 from ..store.upstream_ids import is_upstream_uuid
 
 from .report import MEM, COMPLETE, EMPTY, PROCESSING, fail, row_name, seg_name
@@ -158,37 +160,37 @@ def _claim_slots(hw, flags, slot_of, in_use, owner, claims):
     return 0, -1
 
 
-def _check_inflight_table(m: "MasterService") -> None:
-    """The InflightTable's own bookkeeping: its free stack is the exact complement of the in-use
-    slots, and only in-use slots name an owner row."""
-    t = m.inflight
+def _check_side_table(t: RowSideTable, what: str) -> None:
+    """A row side table's own bookkeeping (store/side_table.py): its free stack is the exact
+    complement of the in-use slots, only in-use slots name an owner row, and its row index holds
+    exactly the in-use slots. ``what`` prefixes the check names."""
     cap = t.in_use.size
     if not 0 <= t.free_count <= min(cap, t.free_slots.size):
-        fail("inflight_slots", f"free_count {t.free_count} outside [0, capacity {cap}]")
+        fail(f"{what}_slots", f"free_count {t.free_count} outside [0, capacity {cap}]")
     free = t.free_slots[:t.free_count]
     if free.size and (free.min() < 0 or free.max() >= cap):
-        fail("inflight_slots", f"free slot stack holds a slot outside [0, {cap})")
+        fail(f"{what}_slots", f"free slot stack holds a slot outside [0, {cap})")
     if t.in_use[free].any():
-        fail("inflight_slots", f"slot {int(free[t.in_use[free]][0])} is both free and in use")
+        fail(f"{what}_slots", f"slot {int(free[t.in_use[free]][0])} is both free and in use")
     if np.bincount(free, minlength=1).max() > 1:
-        fail("inflight_slots", f"slot {int(np.argmax(np.bincount(free)))} is on the free stack twice")
+        fail(f"{what}_slots", f"slot {int(np.argmax(np.bincount(free)))} is on the free stack twice")
     in_use = int(np.count_nonzero(t.in_use))
     if in_use + t.free_count != cap:
-        fail("inflight_slots", f"{in_use} in-use + {t.free_count} free slots != capacity {cap}")
+        fail(f"{what}_slots", f"{in_use} in-use + {t.free_count} free slots != capacity {cap}")
     stray = np.flatnonzero(~t.in_use & (t.row[:cap] != -1))
     if stray.size:
-        fail("inflight_slots", f"free slot {int(stray[0])} still names owner row {int(t.row[stray[0]])}")
+        fail(f"{what}_slots", f"free slot {int(stray[0])} still names owner row {int(t.row[stray[0]])}")
     indexed = t.index[t.index >= 0]
     if t.index.size & (t.index.size - 1) or 2 * indexed.size > t.index.size:
-        fail("inflight_index", f"row index of {t.index.size} entries holds {indexed.size}: not a power of two "
-                               "at most half full")
+        fail(f"{what}_index", f"row index of {t.index.size} entries holds {indexed.size}: not a power of two "
+                              "at most half full")
     if indexed.size != in_use or (indexed.size and (indexed.max() >= cap or not t.in_use[indexed].all())):
-        fail("inflight_index", f"row index holds {indexed.size} slots, not the {in_use} in-use ones")
+        fail(f"{what}_index", f"row index holds {indexed.size} slots, not the {in_use} in-use ones")
 
 
 def check_inflight(m: "MasterService") -> None:
     t, o = m.inflight, m.objects
-    _check_inflight_table(m)
+    _check_side_table(t, "inflight")
     cap = t.in_use.size
     claims = np.zeros(cap, np.int32)
     slot_of = t.slots_of(np.arange(o.high_water))
@@ -207,6 +209,28 @@ def check_inflight(m: "MasterService") -> None:
         s = int(orphan[0])
         fail("inflight_claim", f"in-flight slot {s} is in use (owner row {int(t.row[s])}) but no LIVE row "
                                 f"holds it")
+
+
+def check_soft_pins(m: "MasterService") -> None:
+    t, o = m.store.soft_pins, m.objects
+    _check_side_table(t, "soft_pin")
+    hw = o.high_water
+    slot_of = t.slots_of(np.arange(hw))
+    flags = o.flags[:hw]
+    live = (flags & FLAG_LIVE) != 0
+    for bad, what in ((live & ((flags & SOFT_PIN_FLAGS) != 0) & (slot_of < 0),
+                       "is soft-pinned (or awaits its pin) without a deadline slot"),
+                      (~live & (slot_of >= 0), "is not a LIVE object but holds a soft-pin slot")):
+        if bad.any():
+            fail("soft_pin_row", f"{row_name(m, int(np.argmax(bad)))} {what}")
+    held = np.flatnonzero(t.in_use)
+    owner = t.row[held]
+    found = (owner >= 0) & (owner < hw)
+    found[found] = slot_of[owner[found]] == held[found]
+    lost = ~found
+    if lost.any():
+        fail("soft_pin_claim", f"soft-pin slot {int(held[lost][0])} is in use (owner row {int(owner[lost][0])}) "
+                               "but no row holds it")
 
 
 # ================================================================================ groups

@@ -55,7 +55,7 @@ def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
             if not lease_expired(lease[r], now):
                 codes[r] = IN_BASE
                 in_base += 1
-            elif soft_pin_active(f, soft_deadline[r], now):
+            elif soft_pin_active(f, soft_deadline, r, now):
                 codes[r] = SOFT_PINNED_CANDIDATE
                 soft += 1
             else:

@@ -8,6 +8,7 @@ from ..clock import INT64_MAX
 from ..schema import FLAG_GROUP_REFRESH, FLAG_PENDING_SOFT_PIN, FLAG_SOFT_PIN_ENABLED
 from .predicates import group_awaits_refresh, is_grouped, is_soft_pin_enabled
 from .rowbits import has_bit
+from .slot_index import find_slot
 
 _REFRESH = int(FLAG_GROUP_REFRESH)
 _SOFT_ENABLED = int(FLAG_SOFT_PIN_ENABLED)
@@ -60,10 +61,10 @@ _CHUNKS = 64
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def grant_recovery_masked(lease, soft_deadlines, flags, bits, deadline, soft_deadline):
+def grant_recovery_masked(lease, soft, flags, bits, deadline, soft_deadline):
     """Remount recovery's assignment, one parallel pass: every object in the bitset ``bits``
     (:mod:`.rowbits`) gets the lease ``deadline`` and, when SOFT_PIN_ENABLED, the soft pin
-    ``soft_deadline`` (both max-update)."""
+    ``soft_deadline`` (both max-update; ``soft``: the SoftPinTable's parts())."""
     words = bits.shape[0]
     step = (words + _CHUNKS - 1) // _CHUNKS
     for c in prange(_CHUNKS):
@@ -76,11 +77,16 @@ def grant_recovery_masked(lease, soft_deadlines, flags, bits, deadline, soft_dea
                     i = (w << 6) + b
                     grant_until(lease, i, deadline)
                     if is_soft_pin_enabled(flags[i]):
-                        grant_until(soft_deadlines, i, soft_deadline)
+                        s = find_slot(soft[0], soft[1], i)
+                        if s >= 0:
+                            grant_until(soft[2], s, soft_deadline)
 
 
 @njit(inline="always", cache=True)
-def commit_soft_pin(flags, soft_deadline, row, now, ttl_ns):
-    """Upstream CommitPendingSoftPin(ENABLE): deadline = now + ttl saturating; enabled from now on."""
-    soft_deadline[row] = INT64_MAX if now > INT64_MAX - ttl_ns else now + ttl_ns
+def commit_soft_pin(flags, soft, row, now, ttl_ns):
+    """Upstream CommitPendingSoftPin(ENABLE): deadline = now + ttl saturating; enabled from now on.
+    ``soft``: the SoftPinTable's parts(), where the pending row took its slot at put_start."""
+    s = find_slot(soft[0], soft[1], row)
+    if s >= 0:
+        soft[2][s] = INT64_MAX if now > INT64_MAX - ttl_ns else now + ttl_ns
     flags[row] = (flags[row] | np.uint8(_SOFT_ENABLED)) & ~np.uint8(_PENDING)

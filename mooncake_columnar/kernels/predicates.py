@@ -14,8 +14,9 @@ import numpy as np
 from numba import njit
 
 from .chains import next_row
+from .slot_index import slot_value
 
-from ..schema import (FLAG_ERASE_MARK, FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE,
+from ..schema import (NO_DEADLINE, FLAG_ERASE_MARK, FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_HARD_PINNED, FLAG_LIVE,
                       FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
                       ST_COMPLETE, ST_EMPTY, ST_PROCESSING, ST_REMOVED)
 
@@ -32,6 +33,7 @@ _REFRESH = int(FLAG_GROUP_REFRESH)
 _PROC_FLAG = int(FLAG_PROCESSING)
 _PENDING = int(FLAG_PENDING_SOFT_PIN)
 _ERASE_MARK = int(FLAG_ERASE_MARK)
+_NO_DEADLINE = np.int64(NO_DEADLINE)
 
 
 @njit(inline="always", cache=True)
@@ -114,11 +116,12 @@ def lease_expired(lease_deadline, now):
 
 
 @njit(inline="always", cache=True)
-def soft_pin_active(flags, soft_pin_deadline, now):
-    """Soft pin protects only while enabled AND inside its current interval."""
+def soft_pin_active(flags, soft, row, now):
+    """Soft pin protects only while enabled AND inside its current interval (the deadline of
+    ``row`` in ``soft``, a SoftPinTable's parts(): read only for a soft-pinned object)."""
     if not is_soft_pin_enabled(flags):
         return False
-    return now < soft_pin_deadline
+    return now < slot_value(soft, row, _NO_DEADLINE)
 
 
 @njit(inline="always", cache=True)
@@ -186,7 +189,7 @@ def is_eviction_candidate(row, now, allow_soft_pinned, flags, lease, soft_deadli
     if not lease_expired(lease[row], now):
         return False
     if not allow_soft_pinned:
-        if soft_pin_active(f, soft_deadline[row], now):
+        if soft_pin_active(f, soft_deadline, row, now):
             return False
     return object_has_evictable_memory_replica(row, status, kind, segment, refcnt, segment_readable, more)
 

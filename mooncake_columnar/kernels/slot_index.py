@@ -74,6 +74,16 @@ def remove_slots(index, owner, slots):
         index[p] = -1
 
 
+@njit(inline="always", cache=True)
+def slot_value(parts, row, default):
+    """The value ``row`` holds in a side table given as (index, owner rows, values); ``default``
+    when it holds no slot."""
+    s = find_slot(parts[0], parts[1], row)
+    if s < 0:
+        return default
+    return parts[2][s]
+
+
 def index_size(slots: int) -> int:
     """Index entries for a table of ``slots`` slots: a power of two, at most half full."""
     return 1 << max(3, (2 * max(slots, 1) - 1).bit_length())

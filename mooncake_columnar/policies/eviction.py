@@ -102,7 +102,7 @@ class _Planner:
         self.now = now
         o = m.store.objects
         self.codes, self.counts, skipped = ek.census(
-            now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
+            now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, m.store.soft_pins.parts(),
             o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.store.segments.readable,
             o.replica_more)
         self.skipped = int(skipped)
@@ -132,7 +132,7 @@ class _Planner:
         for k in (want + max(1024, want // 10), candidates.size):
             ordered = ek.earliest_first(candidates, o.lease_deadline_ns, k)
             n, freed = ek.plan(ordered, want - planned, want_bytes - self.freed_bytes, self.now, allow_soft,
-                               self.codes, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns, o.group_next,
+                               self.codes, o.flags, o.lease_deadline_ns, self.m.store.soft_pins.parts(), o.group_next,
                                o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
                                o.replica_refcnt, self.m.store.segments.readable, o.replica_more)
             planned += n
@@ -162,7 +162,7 @@ class _Planner:
         chains = o.chains(rows)
         removed = np.empty((chains.rows.size, o.slots), np.bool_)
         remaining = np.empty((chains.rows.size, o.slots), np.bool_)
-        ek.finalize(rows, self.codes, self.now, o.flags, o.lease_deadline_ns, o.soft_pin_deadline_ns,
+        ek.finalize(rows, self.codes, self.now, o.flags, o.lease_deadline_ns, self.m.store.soft_pins.parts(),
                     o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
                     self.m.store.segments.readable, o.replica_more, keep, chains.owner, chains.rows, removed, remaining)
         return EvictionPlan(rows, chains, removed, remaining).subset(keep)

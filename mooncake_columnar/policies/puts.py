@@ -12,8 +12,8 @@ from ..config import MAX_TTL_MS, MasterConfig
 from ..errors import ErrorCode, InvalidParams
 from ..kernels import objects as ok
 from ..messages import ReplicateConfig
-from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, MAX_KEY_BYTES, ST_COMPLETE,
-                      ObjectDataType, ReplicaStatus, SoftPinAction)
+from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_PENDING_SOFT_PIN, FLAG_PROCESSING, MAX_KEY_BYTES, NO_DEADLINE,
+                      ST_COMPLETE, ObjectDataType, ReplicaStatus, SoftPinAction)
 from ..store.metadata import MetadataStore
 from ..validation import require_bool, require_int, require_str, validate_tenant
 from . import eviction as ev
@@ -106,6 +106,8 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
     s.inflight.started(slots, now_ms)
     o.set_put_start(new, now_ms)
     s.inflight.pending_soft_pin_ttl_ns[slots] = pending_ttl_ns
+    if pending_ttl_ns:  # the deadline's slot, written when put_end commits the pin
+        s.soft_pins.add(new, NO_DEADLINE)
     o.flags[new] = flags
     o.data_type[new] = int(config.data_type)
     if config.group_id and new.size:

@@ -109,7 +109,7 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     now = m.clocks.steady_ns()
     deadline = now + m.config.effective_recovery_kv_lease_ttl_ms * NS_PER_MS      # ONE deadline
     soft_deadline = now + m.config.default_kv_soft_pin_ttl_ms * NS_PER_MS         # ONE soft-pin deadline
-    grant_recovery_masked(o.lease_deadline_ns, o.soft_pin_deadline_ns, o.flags, bits,
+    grant_recovery_masked(o.lease_deadline_ns, m.store.soft_pins.parts(), o.flags, bits,
                           deadline, soft_deadline)  # max-update: never shortens
     assignment_s = time.perf_counter() - t0
 

@@ -30,7 +30,7 @@ from ..kernels import slot_index as sk
 from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
 
 if TYPE_CHECKING:
-    from .inflight import InflightTable
+    from .side_table import RowSideTable
     from .keys import KeyIndex
     from .objects import ObjectTable
 
@@ -146,28 +146,28 @@ class ArenaCompaction:
         k.arena, k.arena_used, k.arena_garbage = self.new, self.used, 0
 
 
-class InflightGrowth:
-    """The in-flight table at a larger capacity (units: its slots, the old ones copied, the new
-    ones set free), the new slots on top of the free stack, and its row index rebuilt."""
+class SideTableGrowth:
+    """A row side table (store/side_table.py) at a larger capacity (units: its slots, the old
+    ones copied, the new ones set free), the new slots on top of the free stack, and its row
+    index rebuilt."""
 
     phase_starts: tuple[int, ...] = ()
 
-    _FILL = {"put_start_time_ms": 0, "pending_soft_pin_ttl_ns": 0, "in_use": False, "row": -1}
-
-    def __init__(self, inflight: "InflightTable", capacity: int) -> None:
-        self.inflight, self.units, self.old = inflight, capacity, inflight.capacity
-        self.new = {name: np.empty(capacity, getattr(inflight, name).dtype) for name in self._FILL}
+    def __init__(self, table: "RowSideTable", capacity: int) -> None:
+        self.table, self.units, self.old = table, capacity, table.capacity
+        self.fill = table.fills()
+        self.new = {name: np.empty(capacity, getattr(table, name).dtype) for name in self.fill}
         self.index = np.full(sk.index_size(capacity), -1, np.int32)
 
     def step(self, lo: int, hi: int) -> None:
         cut = min(max(lo, self.old), hi)
         for name, col in self.new.items():
-            col[lo:cut] = getattr(self.inflight, name)[lo:cut]
-            col[cut:hi] = self._FILL[name]
+            col[lo:cut] = getattr(self.table, name)[lo:cut]
+            col[cut:hi] = self.fill[name]
         sk.insert_slots(self.index, self.new["row"], lo + np.flatnonzero(self.new["in_use"][lo:cut]))
 
     def finish(self) -> None:
-        t, old, cap = self.inflight, self.old, self.units
+        t, old, cap = self.table, self.old, self.units
         free = np.empty(cap, np.int64)
         free[: t.free_count] = t.free_slots[: t.free_count]
         free[t.free_count: t.free_count + cap - old] = np.arange(cap - 1, old - 1, -1)

@@ -16,7 +16,8 @@ from ..errors import SnapshotIntegrityError
 from ..kernels import hashing as hk
 from ..kernels import index_load
 from ..kernels import objects as ok
-from ..schema import EMPTY_CODE, FLAG_PROCESSING, ST_EMPTY
+from ..schema import EMPTY_CODE, FLAG_PROCESSING, NO_DEADLINE, ST_EMPTY
+from .soft_pins import SOFT_PIN_FLAGS
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore
@@ -52,9 +53,11 @@ def insert_objects(m: MetadataStore, new: NewObjects) -> np.ndarray:
     (the caller installs the free lists). Returns the new rows in order."""
     o = m.objects
     rows, sel = _new_rows(o, new.size_bytes.size)
-    for name in ("tenant", "client", "size_bytes", "data_type", "flags", "lease_deadline_ns",
-                 "soft_pin_deadline_ns"):
+    for name in ("tenant", "client", "size_bytes", "data_type", "flags", "lease_deadline_ns"):
         getattr(o, name)[sel] = getattr(new, name)
+    soft = np.flatnonzero((new.flags & SOFT_PIN_FLAGS) | (new.soft_pin_deadline_ns != NO_DEADLINE))
+    if soft.size:
+        m.soft_pins.add(rows[soft], new.soft_pin_deadline_ns[soft])
     o.set_put_start(rows, new.put_start_ms)
     processing = np.flatnonzero(new.flags & FLAG_PROCESSING)
     if processing.size:

@@ -20,6 +20,7 @@ from ..validation import require_str
 from .discarded import DiscardedExtents
 from .inserts import NewObjects, insert_objects
 from .inflight import InflightTable
+from .soft_pins import SoftPinTable
 from .keys import KeyIndex
 from .ledger import TenantLedger
 from .objects import ObjectTable
@@ -42,6 +43,7 @@ class MetadataStore:
         self.objects = ObjectTable(initial_capacity)
         self.keys = KeyIndex(self.objects, initial_capacity)
         self.inflight = InflightTable()
+        self.soft_pins = SoftPinTable()
         self.segments = SegmentTable()
         self.tenants = StringDictionary("tenants", MAX_CODES)
         self.clients = StringDictionary("clients", MAX_CODES)
@@ -167,7 +169,7 @@ class MetadataStore:
         found = rows[rows >= 0]
         self.charge(found, -1)
         ok.complete_puts(rows, client_code, now_ns, codes, o.flags, o.client,
-                         o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status,
+                         o.lease_deadline_ns, self.soft_pins.parts(), o.replica_status,
                          self.inflight.index, self.inflight.row, self.inflight.pending_soft_pin_ttl_ns, released,
                          o.replica_more)
         self.inflight.release(released)
@@ -216,6 +218,7 @@ class MetadataStore:
             self.clear_slots(chain[r_idx], slot)
         ok.unlink_group_members(rows, self.group_head, o.group_next, o.group, o.flags)
         self.inflight.release(self.inflight.slots_of(rows))
+        self.soft_pins.release(self.soft_pins.slots_of(rows))
         self.keys.remove(rows)
         o.release_rows(rows)
 

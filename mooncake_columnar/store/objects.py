@@ -17,12 +17,11 @@ import numpy as np
 from ..kernels import chains as ck
 from ..kernels.predicates import memory_replica_on_mask
 from .growth import ColumnGrowth, GrowthJob, run_job
-from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, NO_DEADLINE,
-                      OBJECT_COLUMNS, PUT_START_NONE, REPLICA_COLUMNS)
+from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, OBJECT_COLUMNS, PUT_START_NONE,
+                      REPLICA_COLUMNS)
 
 _OBJECT_FILL = {
     "lease_deadline_ns": NEVER_LEASED,
-    "soft_pin_deadline_ns": NO_DEADLINE,
     "group": EMPTY_CODE,
     "client": EMPTY_CODE,
     "tenant": EMPTY_CODE,
@@ -60,7 +59,6 @@ class ObjectTable:
     # the columns, set from OBJECT_COLUMNS / REPLICA_COLUMNS in __init__ (named here for type
     # checkers; a test holds the two lists equal)
     lease_deadline_ns: np.ndarray
-    soft_pin_deadline_ns: np.ndarray
     size_bytes: np.ndarray
     key_ref: np.ndarray
     tenant: np.ndarray

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
+from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig, SoftPinAction
 from mooncake_columnar import integrity
 from mooncake_columnar.tools.cli import main
 from mooncake_columnar.errors import EngineInvariantError
@@ -59,6 +59,9 @@ def _busy(clocks: ManualClocks, *, tenants: bool = False) -> MasterService:
     m.batch_put_end(keys[:250], client_id=W)              # 50 stay in flight
     for i in range(9):
         _put(m, f"g-{i}", 1000 + i, group_id="ga" if i % 2 else "gb")
+    for i in range(6):  # soft pins: committed, awaiting their commit, and removed
+        _put(m, f"soft-{i}", 900, end=i % 3 != 0, soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=10_000)
+    m.remove("soft-1", force=True)
     if tenants:
         for i in range(4):
             _put(m, f"t2-{i}", 3000, tenant_id="t2", group_id="ga")  # same group name, other tenant
@@ -128,6 +131,7 @@ def _small(clocks: ManualClocks) -> MasterService:
     _put(m, "p1", end=False)
     for i in range(3):
         _put(m, f"g{i}", group_id="g")
+    _put(m, "s0", soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=10_000)
     _put(m, "gone")
     m.remove("gone", force=True)     # a free row below high_water
     return m
@@ -265,6 +269,13 @@ CORRUPTIONS: dict[str, tuple[Callable[[MasterService], None], str]] = {
     "inflight_slot_on_free_row": (lambda m: m.inflight.take(np.array([_free_row(m)])), "inflight_row"),
     "inflight_index_entry_lost": (_inflight_index_entry_lost, "inflight_index"),
     "inflight_slot_orphaned": (_inflight_orphan, "inflight_claim"),
+    "soft_pin_slot_lost": (lambda m: m.store.soft_pins.release(m.store.soft_pins.slots_of(np.array([_row(m, "s0")]))),
+                           "soft_pin_row"),
+    "soft_pin_on_free_row": (lambda m: m.store.soft_pins.add(np.array([_free_row(m)]), 1), "soft_pin_row"),
+    "soft_pin_index_entry_lost": (lambda m: m.store.soft_pins.index.__setitem__(
+        m.store.soft_pins.index == m.store.soft_pins.slots_of(np.array([_row(m, "s0")]))[0], -1), "soft_pin_index"),
+    "soft_pin_slot_orphaned": (lambda m: m.store.soft_pins.add(np.array([m.objects.high_water + 3]), 1),
+                               "soft_pin_claim"),
     "inflight_free_stack": (lambda m: m.inflight.in_use.__setitem__(int(m.inflight.free_slots[0]), True),
                             "inflight_slots"),
     "group_link_broken": (lambda m: m.objects.group_next.__setitem__(_row(m, "g0"), _row(m, "g0")), "group_link"),

@@ -44,7 +44,7 @@ def test_phase1_census_counts_skipped_unreadable_replicas(clocks):
     m = promoted(clocks)
     o = m.objects
     codes, counts, skipped = ek.census(clocks.steady_ns(), o.high_water, o.tenant, -1, o.flags,
-                                       o.lease_deadline_ns, o.soft_pin_deadline_ns, o.replica_status,
+                                       o.lease_deadline_ns, m.store.soft_pins.parts(), o.replica_status,
                                        o.replica_kind, o.replica_segment, o.replica_refcnt,
                                        m.segments.readable, o.replica_more)
     assert (codes != ek.NOT_IN_BASE).sum() == 0 and counts.sum() == o.high_water and skipped == 6
@@ -63,7 +63,7 @@ def test_phase1_group_eviction_skips_unreadable_members(clocks):
     group_rows = np.flatnonzero(o.group[: o.high_water] >= 0)
     taken = np.zeros(o.high_water, np.uint8)
     n, _ = ek.plan(group_rows, 10, 2**62, clocks.steady_ns(), True, taken, o.flags, o.lease_deadline_ns,
-                   o.soft_pin_deadline_ns, o.group_next, o.size_bytes, o.replica_status, o.replica_kind,
+                   m.store.soft_pins.parts(), o.group_next, o.size_bytes, o.replica_status, o.replica_kind,
                    o.replica_segment, o.replica_refcnt, m.segments.readable, o.replica_more)
     assert n == 0
 

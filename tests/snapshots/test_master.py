@@ -666,7 +666,7 @@ def test_phase3_property_restored_deadlines_follow_the_formula(
     o.lease_deadline_ns[rows] = now + np.array(remaining_ms, np.int64) * NS_PER_MS
     soft = np.array([NO_DEADLINE if s is None else now + s * NS_PER_MS for s in soft_ms[:rows.size]],
                     np.int64)
-    o.soft_pin_deadline_ns[rows] = soft
+    m.store.soft_pins.add(rows[soft != NO_DEADLINE], soft[soft != NO_DEADLINE])
     before = _deadlines(m)
     root = Path(tempfile.mkdtemp())
     try:
