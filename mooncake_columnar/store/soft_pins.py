@@ -33,7 +33,8 @@ class SoftPinTable(RowSideTable):
 
     def add(self, rows: np.ndarray, deadlines: np.ndarray | np.integer | int) -> None:
         """Give ``rows`` (distinct, holding none) slots with ``deadlines``."""
-        self.deadline_ns[self.take(np.asarray(rows, np.int64))] = deadlines
+        slots = self.take(np.asarray(rows, np.int64))  # first: taking may grow the table
+        self.deadline_ns[slots] = deadlines
 
     def held(self) -> tuple[np.ndarray, np.ndarray]:
         """(rows, deadlines) of the slots in use (copies)."""

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from mooncake_columnar.clock import NS_PER_S, ManualClocks
 from mooncake_columnar.config import MasterConfig
 from mooncake_columnar.ha.standby import StandbyService
@@ -13,8 +15,16 @@ from mooncake_columnar.messages import ReplicateConfig
 from mooncake_columnar.schema import ReplicaStatus
 from mooncake_columnar.snapshots.manager import MasterRestoreStats, SnapshotManager, restore_master
 from mooncake_columnar.snapshots.repository import SnapshotRepository
+from mooncake_columnar.store.soft_pins import SoftPinTable
 
 MB = 1 << 20
+
+
+def soft_pins_of(deadlines: np.ndarray) -> SoftPinTable:
+    """A soft-pin table where row i holds ``deadlines[i]`` (kernel tests: the dense column as it was)."""
+    t = SoftPinTable()
+    t.add(np.arange(len(deadlines)), np.asarray(deadlines, np.int64))
+    return t
 
 
 # ---- one master -----------------------------------------------------------------------------------

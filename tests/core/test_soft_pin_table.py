@@ -56,3 +56,13 @@ def test_soft_pinned_objects_resist_eviction_until_their_deadline(clocks):
     assert {f"k{i}" for i in range(5)} <= left
     assert _held(m) == 5
     m.verify()
+
+
+def test_a_batch_of_soft_pinned_puts_grows_the_table_and_keeps_every_deadline(clocks):
+    m = make_master(clocks)
+    keys = [f"k{i}" for i in range(300)]  # more than the table's first capacity
+    m.batch_put_start(keys, [64] * len(keys), client_id="client0", config=PIN)
+    m.batch_put_end(keys, client_id="client0")
+    assert _held(m) == 300
+    assert {m.object_info(k).soft_pin_deadline_ns for k in keys} == {clocks.steady_ns() + 5_000 * 1_000_000}
+    m.verify()

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import eviction as ek
+from mooncake_columnar.testing.builders import soft_pins_of
 from mooncake_columnar.schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
                                       ST_COMPLETE)
 
@@ -56,7 +57,7 @@ def slow_census(now, allow_soft, flags, lease, soft, status, kind, seg, refcnt, 
 def test_census_and_selection_match_slow_numpy(t, allow_soft, k):
     now, flags, lease, soft, status, kind, seg, refcnt, readable = t
     n = flags.size
-    codes, counts, _ = ek.census(now, n, np.zeros(n, np.int32), -1, flags, lease, soft,
+    codes, counts, _ = ek.census(now, n, np.zeros(n, np.int32), -1, flags, lease, soft_pins_of(soft).parts(),
                                  status, kind, seg, refcnt, readable, np.empty(0, np.int32))  # no chains
     base = counts[ek.IN_BASE] + counts[ek.NO_PIN_CANDIDATE] + counts[ek.SOFT_PINNED_CANDIDATE]
     nopin = ek.rows_coded(codes, ek.NO_PIN_CANDIDATE, lease, None)

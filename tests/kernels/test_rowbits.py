@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from mooncake_columnar.kernels import leases, rowbits
 from mooncake_columnar.kernels import objects as ok
 from mooncake_columnar.schema import FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY
+from mooncake_columnar.testing.builders import soft_pins_of
 
 pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
 
@@ -32,5 +33,6 @@ def test_locate_bitset_and_assignment_match_boolean_numpy(n, slots, seed):
     soft = rng.integers(-100, 100, n)
     want_lease = np.where(want, np.maximum(lease, 50), lease)
     want_soft = np.where(want & ((flags & FLAG_SOFT_PIN_ENABLED) != 0), np.maximum(soft, 70), soft)
-    leases.grant_recovery_masked(lease, soft, flags, bits, 50, 70)
-    assert np.array_equal(lease, want_lease) and np.array_equal(soft, want_soft)
+    table = soft_pins_of(soft)
+    leases.grant_recovery_masked(lease, table.parts(), flags, bits, 50, 70)
+    assert np.array_equal(lease, want_lease) and np.array_equal(table.deadlines(np.arange(n)), want_soft)

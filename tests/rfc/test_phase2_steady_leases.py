@@ -7,7 +7,8 @@ import pytest
 from mooncake_columnar import NEVER_LEASED, ReplicateConfig, SoftPinAction
 from mooncake_columnar.errors import ObjectHasLease
 from mooncake_columnar.kernels import leases, rowbits
-from mooncake_columnar.schema import FLAG_SOFT_PIN_ENABLED
+from mooncake_columnar.schema import FLAG_SOFT_PIN_ENABLED, NO_DEADLINE
+from mooncake_columnar.store.soft_pins import SoftPinTable
 from mooncake_columnar.testing.builders import make_master
 
 MS = 1_000_000
@@ -33,11 +34,13 @@ def test_phase2_grant_lease_until_never_shortens():
         leases.grant_until(lease, row, deadline)
     assert lease.tolist() == [700, 800, 1_000]
     masked = np.array([100, 900, 50, 100], np.int64)
-    soft = np.array([100, 900, 50, 100], np.int64)
+    soft = SoftPinTable()
+    soft.add(np.arange(3), np.array([100, 900, 50], np.int64))  # row 3 has no soft pin
     flags = np.array([FLAG_SOFT_PIN_ENABLED, FLAG_SOFT_PIN_ENABLED, FLAG_SOFT_PIN_ENABLED, 0], np.uint8)
-    leases.grant_recovery_masked(masked, soft, flags, rowbits.from_bool([True, True, False, True]), 600, 700)
+    leases.grant_recovery_masked(masked, soft.parts(), flags, rowbits.from_bool([True, True, False, True]), 600, 700)
     assert masked.tolist() == [600, 900, 50, 600]
-    assert soft.tolist() == [700, 900, 50, 100]  # only soft-pin-enabled objects get a soft pin
+    # only soft-pin-enabled objects get a soft pin
+    assert soft.deadlines(np.arange(4)).tolist() == [700, 900, 50, NO_DEADLINE]
 
 
 def test_phase2_read_after_longer_grant_keeps_later_deadline(clocks):
