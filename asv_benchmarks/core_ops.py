@@ -229,7 +229,7 @@ class Memory(_Core):
         self.mem = cached_master(objects).metadata_bytes()
 
     def track_bytes_per_object(self, objects: int) -> float:
-        return (self.mem["columns"] + self.mem["index"] + self.mem["inflight"] + self.mem["soft_pins"]) / objects
+        return (self.mem["columns"] + self.mem["index"] + self.mem["inflight"] + self.mem["side_tables"]) / objects
 
     track_bytes_per_object.unit = "bytes"
 

@@ -489,10 +489,12 @@ class MasterService:
 
     @locked
     def metadata_bytes(self) -> dict[str, int]:
-        """Resident bytes of the metadata (columns, index, dictionaries), key bytes separately."""
+        """Resident bytes of the metadata (columns, index, in-flight puts, the soft-pin and group
+        side tables), key bytes separately."""
         s = self.store
         return {"columns": s.objects.resident_bytes(), "index": s.keys.resident_bytes(),
-                "inflight": s.inflight.resident_bytes(), "soft_pins": s.soft_pins.resident_bytes(),
+                "inflight": s.inflight.resident_bytes(),
+                "side_tables": s.soft_pins.resident_bytes() + s.group_of.resident_bytes(),
                 "key_bytes": int(s.keys.arena_used)}
 
     # ================================================================================ helpers

@@ -19,6 +19,7 @@ from numba import njit
 
 from ..errors import WindowFull
 from ..kernels.chains import next_row
+from ..kernels.slot_index import slot_value
 from ..kernels.predicates import is_grouped, is_hard_pinned, is_soft_pin_enabled
 from ..schema import KIND_LOCAL_DISK, KIND_MEMORY, ST_EMPTY, ReplicaStatus
 from ..store.segments import Segment
@@ -125,7 +126,7 @@ def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes,
         f = flags[row]
         put[p] = row
         put_client[p] = client[row]
-        put_group[p] = group[row] if is_grouped(f) else -1
+        put_group[p] = slot_value(group, row, -1) if is_grouped(f) else -1
         size[p] = size_bytes[row]
         dtype[p] = data_type[row]
         hard[p] = is_hard_pinned(f)
@@ -172,7 +173,7 @@ class Journal:
         m = self.store
         o = m.objects
         (op, put, client, group, size, data_type, hard, soft, count, rid, kind, seg, offset,
-         rsize) = _gather_entries(rows, _NO_KEEP if keep is None else keep, keep is None, o.flags, o.group,
+         rsize) = _gather_entries(rows, _NO_KEEP if keep is None else keep, keep is None, o.flags, m.group_of.parts(),
                                   o.client, o.size_bytes, o.data_type, o.replica_status, o.replica_id,
                                   o.replica_kind, o.replica_segment, o.replica_offset, o.replica_more)
         # one string table: the tenants, clients, groups and segment names these rows use, and ""

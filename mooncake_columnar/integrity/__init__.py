@@ -38,7 +38,9 @@ Checks, in order:
 * ``soft_pin_slots``, ``soft_pin_index``, ``soft_pin_row``, ``soft_pin_claim``: the SoftPinTable
   keeps the same bookkeeping; a LIVE row that is SOFT_PIN_ENABLED or PENDING_SOFT_PIN holds a
   deadline slot, a row that is not LIVE holds none, and every in-use slot's owner finds it.
-* ``group_member``, ``group_link``, ``group_head``: grouped LIVE rows form one circular
+* ``group_table_slots``, ``group_table_index``, ``group_member``, ``group_link``, ``group_head``:
+  the GroupTable (side table of group codes) keeps its bookkeeping and holds a code for grouped
+  LIVE rows only; grouped LIVE rows form one circular
   ``group_next`` list per group code, members share the code and FLAG_GROUPED, ungrouped LIVE
   rows point at themselves, ``group_head[g]`` is a member of g or -1 for an empty group.
 * ``tenant_ledger`` (multi-tenant mode): pending/committed equal a from-scratch charge of every

@@ -293,10 +293,17 @@ def check_groups(m: "MasterService") -> None:
         fail("group_head", f"{len(m.groups)} group codes, {n_groups} names, {m.group_head.size} heads")
     members = np.zeros(max(1, n_groups), np.int64)
     indegree = np.zeros(hw, np.int32)
-    problem, r = _link_pass(hw, o.flags, o.group, o.group_next, n_groups, members, indegree)
+    t = m.store.group_of
+    _check_side_table(t, "group_table")
+    held, _ = t.held()
+    if held.size and (held.min() < 0 or held.max() >= hw
+                      or ((o.flags[held] & (FLAG_LIVE | FLAG_GROUPED)) != (FLAG_LIVE | FLAG_GROUPED)).any()):
+        fail("group_member", f"the group table holds a code for {held.size} rows, not all of them grouped LIVE rows")
+    group = t.dense(*t.held(), hw)
+    problem, r = _link_pass(hw, o.flags, group, o.group_next, n_groups, members, indegree)
     if problem:
-        what = {1: f"has unknown group code {int(o.group[r])}",
-                2: f"links to row {int(o.group_next[r])}, not a LIVE member of its group {int(o.group[r])}",
+        what = {1: f"has unknown group code {int(group[r])}",
+                2: f"links to row {int(o.group_next[r])}, not a LIVE member of its group {int(group[r])}",
                 3: f"is ungrouped but links to row {int(o.group_next[r])}"}[problem]
         fail("group_member" if problem < 3 else "group_link", f"{row_name(m, r)} {what}")
     grouped = (o.flags[:hw] & (FLAG_LIVE | FLAG_GROUPED)) == (FLAG_LIVE | FLAG_GROUPED)
@@ -304,7 +311,7 @@ def check_groups(m: "MasterService") -> None:
     if bad.size:
         r = int(bad[0])
         fail("group_link", f"{row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
-    problem, g = _walk_groups(m.group_head, o.group_next, o.flags, o.group, members[:n_groups], hw)
+    problem, g = _walk_groups(m.group_head, o.group_next, o.flags, group, members[:n_groups], hw)
     if problem:
         name = m.store.group_names[g] if g < n_groups else "?"
         what = (f"head {int(m.group_head[g])} is not a LIVE member" if problem == 1

@@ -17,7 +17,7 @@ from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
 from .leases import commit_soft_pin, grant_read_lease, grant_until
 from .rowbits import bit, words_for
-from .slot_index import find_slot
+from .slot_index import find_slot, slot_value
 from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_memory_replica_on, is_put_in_flight,
                          is_readable_replica, memory_replica_segment, lease_expired, slot_in_use, slot_is_complete,
                          slot_is_processing, slot_is_removed)
@@ -344,12 +344,12 @@ def readable_slots(rows, *args):
 
 
 @njit(cache=True)
-def link_group_members(rows, gcode, group_head, group_next, group_col, flags):
-    """Add new rows to group ``gcode``'s circular member list and mark the group for refresh."""
+def link_group_members(rows, gcode, group_head, group_next, flags):
+    """Add new rows (their code already in the group table) to group ``gcode``'s circular member
+    list and mark the group for refresh."""
     head = group_head[gcode]
     for i in range(rows.shape[0]):
         r = rows[i]
-        group_col[r] = gcode
         flags[r] |= np.uint8(_GROUPED)
         if head < 0:
             head = r
@@ -367,13 +367,14 @@ def link_group_members(rows, gcode, group_head, group_next, group_col, flags):
 
 
 @njit(cache=True)
-def unlink_group_members(rows, group_head, group_next, group_col, flags):
-    """Remove rows from their group's circular member list, keeping group_head on a member."""
+def unlink_group_members(rows, group_head, group_next, groups, flags):
+    """Remove rows from their group's circular member list, keeping group_head on a member
+    (``groups``: the GroupTable's parts())."""
     for i in range(rows.shape[0]):
         r = rows[i]
         if not is_grouped(flags[r]):
             continue
-        g = group_col[r]
+        g = slot_value(groups, r, -1)
         p = r
         while group_next[p] != r:
             p = group_next[p]

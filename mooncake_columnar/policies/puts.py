@@ -112,7 +112,8 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
     o.data_type[new] = int(config.data_type)
     if config.group_id and new.size:
         gcode = s.group_code(config.tenant_id, config.group_id)
-        ok.link_group_members(new, gcode, s.group_head, o.group_next, o.group, o.flags)
+        s.group_of.add(new, gcode)
+        ok.link_group_members(new, gcode, s.group_head, o.group_next, o.flags)
     s.charge(new, +1)
     if (codes == ErrorCode.NO_AVAILABLE_HANDLE).any():
         m.metrics.inc("put_start_alloc_failures", int((codes == ErrorCode.NO_AVAILABLE_HANDLE).sum()))

@@ -34,7 +34,7 @@ def object_info(store: MetadataStore, row: int, key: str) -> ObjectInfo:
         data_type=int(o.data_type[row]), group_id=store.group_name(row),
         hard_pinned=bool(f & FLAG_HARD_PINNED), soft_pin_enabled=bool(f & FLAG_SOFT_PIN_ENABLED),
         lease_deadline_ns=int(o.lease_deadline_ns[row]),
-        soft_pin_deadline_ns=int(store.soft_pins.deadlines(np.array([row]))[0]),
+        soft_pin_deadline_ns=int(store.soft_pins.get(np.array([row]))[0]),
         processing=bool(f & FLAG_PROCESSING),
         put_start_time_ms=int(o.put_start_ms(np.array([row]))[0]),
         replicas=tuple(descriptors(store, row, readable_only=False)),

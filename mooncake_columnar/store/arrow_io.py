@@ -41,14 +41,14 @@ from .inserts import NewObjects
 from .objects import put_start_ms
 from .rebuild import rebuild_all
 from .segments import Segment, segments_table
-from .soft_pins import soft_pin_column
+from .soft_pins import GroupTable, SoftPinTable
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore
     from ..snapshots.state import SnapshotState
 
 # Per-object columns a snapshot needs, and the replica slot columns (engine attribute names).
-FROZEN_OBJECT_COLUMNS = ("flags", "tenant", "client", "group", "size_bytes", "data_type",
+FROZEN_OBJECT_COLUMNS = ("flags", "tenant", "client", "size_bytes", "data_type",
                          "lease_deadline_ns", "key_ref", "put_start_rel")
 FROZEN_REPLICA_COLUMNS = ("replica_status", "replica_kind", "replica_segment", "replica_offset",
                           "replica_id")
@@ -72,6 +72,7 @@ class FrozenColumns:
     checksum_rows: np.ndarray      # the sparse object checksums (copies)
     checksum_values: np.ndarray
     soft_pins: tuple[np.ndarray, np.ndarray]  # (rows, deadlines) of the objects that hold one (copies)
+    groups: tuple[np.ndarray, np.ndarray]     # (rows, group codes) of the grouped objects (copies)
     tenants: list[str]
     clients: list[str]
     group_names: list[str]
@@ -100,7 +101,7 @@ def freeze(m: "MetadataStore", alloc: Allocator = _fresh) -> FrozenColumns:
     return FrozenColumns(
         columns=columns, arena=m.keys.arena, put_start_base_ms=o.put_start_base_ms,
         checksum_rows=o.checksum_rows.copy(), checksum_values=o.checksum_values.copy(),
-        soft_pins=m.soft_pins.held(),
+        soft_pins=m.soft_pins.held(), groups=m.group_of.held(),
         tenants=[m.tenants.name(c) for c in range(len(m.tenants))],
         clients=[m.clients.name(c) for c in range(len(m.clients))],
         group_names=list(m.group_names), segments=list(s.info),
@@ -206,12 +207,12 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
         "client": _names(rows(c["client"]), f.clients),
         "size_bytes": rows(c["size_bytes"]),
         "data_type": rows(c["data_type"]),
-        "group": _names(np.where(grouped, rows(c["group"]), -1) if grouped.any()
+        "group": _names(np.where(grouped, rows(GroupTable.dense(*f.groups, flags.size)), -1) if grouped.any()
                         else np.zeros(n, np.int8), f.group_names if grouped.any() else [""]),
         "hard_pinned": _flag(fl, FLAG_HARD_PINNED),
         "soft_pin_enabled": _flag(fl, FLAG_SOFT_PIN_ENABLED),
         "lease_deadline_ns": rows(c["lease_deadline_ns"]),
-        "soft_pin_deadline_ns": rows(soft_pin_column(*f.soft_pins, flags.size)),
+        "soft_pin_deadline_ns": rows(SoftPinTable.dense(*f.soft_pins, flags.size)),
         "put_start_time_ms": put_start,
         "processing": _flag(fl, FLAG_PROCESSING),
         "replica_count": np.sum(used, axis=1, dtype=np.int32, out=alloc("replica_count", (n,), np.dtype(np.int32)))

@@ -76,8 +76,7 @@ def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
         o.reserve(n)
         o.high_water = o.live_count = n
         rows = np.arange(n, dtype=np.int64)
-        for name, fill in (("group", EMPTY_CODE), ("replica_refcnt", 0)):
-            getattr(o, name)[:n] = fill  # the other columns are written by insert_objects
+        o.replica_refcnt[:n] = 0  # the other columns are written by insert_objects
         o.group_next[:n] = rows
         return rows, slice(0, n)
     rows = o.take_rows(n)
@@ -112,8 +111,9 @@ def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(codes.size + 1))
     for i, code in enumerate(codes.tolist()):  # one iteration per group
-        ok.link_group_members(rows[grouped[order[bounds[i]:bounds[i + 1]]]], code, m.group_head, o.group_next,
-                              o.group, o.flags)
+        members = rows[grouped[order[bounds[i]:bounds[i + 1]]]]
+        m.group_of.add(members, code)
+        ok.link_group_members(members, code, m.group_head, o.group_next, o.flags)
 
 
 def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, *, fresh: bool) -> None:

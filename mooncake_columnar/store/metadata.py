@@ -20,7 +20,7 @@ from ..validation import require_str
 from .discarded import DiscardedExtents
 from .inserts import NewObjects, insert_objects
 from .inflight import InflightTable
-from .soft_pins import SoftPinTable
+from .soft_pins import GroupTable, SoftPinTable
 from .keys import KeyIndex
 from .ledger import TenantLedger
 from .objects import ObjectTable
@@ -44,6 +44,7 @@ class MetadataStore:
         self.keys = KeyIndex(self.objects, initial_capacity)
         self.inflight = InflightTable()
         self.soft_pins = SoftPinTable()
+        self.group_of = GroupTable()                # row -> group code, grouped objects only
         self.segments = SegmentTable()
         self.tenants = StringDictionary("tenants", MAX_CODES)
         self.clients = StringDictionary("clients", MAX_CODES)
@@ -110,7 +111,7 @@ class MetadataStore:
     def group_name(self, row: int) -> str:
         """The group name of the object at ``row`` ("" when ungrouped)."""
         o = self.objects
-        return self.group_names[int(o.group[row])] if o.flags[row] & FLAG_GROUPED else ""
+        return self.group_names[int(self.group_of.get(np.array([row]))[0])] if o.flags[row] & FLAG_GROUPED else ""
 
     # ---- tenant ledger --------------------------------------------------------------------------
     def charge(self, rows: np.ndarray, sign: int) -> None:
@@ -216,7 +217,8 @@ class MetadataStore:
             chain = o.chains(rows).rows
             r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
             self.clear_slots(chain[r_idx], slot)
-        ok.unlink_group_members(rows, self.group_head, o.group_next, o.group, o.flags)
+        ok.unlink_group_members(rows, self.group_head, o.group_next, self.group_of.parts(), o.flags)
+        self.group_of.release(self.group_of.slots_of(rows))
         self.inflight.release(self.inflight.slots_of(rows))
         self.soft_pins.release(self.soft_pins.slots_of(rows))
         self.keys.remove(rows)

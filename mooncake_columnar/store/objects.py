@@ -22,7 +22,6 @@ from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, OB
 
 _OBJECT_FILL = {
     "lease_deadline_ns": NEVER_LEASED,
-    "group": EMPTY_CODE,
     "client": EMPTY_CODE,
     "tenant": EMPTY_CODE,
     "put_start_rel": PUT_START_NONE,
@@ -63,7 +62,6 @@ class ObjectTable:
     key_ref: np.ndarray
     tenant: np.ndarray
     client: np.ndarray
-    group: np.ndarray
     group_next: np.ndarray
     put_start_rel: np.ndarray
     flags: np.ndarray

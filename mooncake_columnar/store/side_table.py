@@ -3,8 +3,8 @@
 A row owns at most one slot; a slot holds the table's value columns and its owner row, and a row
 finds its slot through a small open-addressing index (kernels/slot_index.py), so the objects
 that have none pay nothing. Kernels read a row's value with ``slot_index.find_slot(index, row,
-owner)`` and index the value column with it. Used by in-flight puts (store/inflight.py) and soft
-pins (store/soft_pins.py).
+owner)`` and index the value column with it. Used by in-flight puts (store/inflight.py); soft
+pins and group membership hold one value each (:class:`RowValueTable`, store/soft_pins.py).
 """
 from __future__ import annotations
 
@@ -96,3 +96,39 @@ class RowSideTable:
 
     def _grow(self, extra: int) -> None:
         run_job(SideTableGrowth(self, max(2 * self.capacity, self.capacity + extra)))
+
+
+class RowValueTable(RowSideTable):
+    """A side table of one value per row (``VALUES`` names it ``value``): rows without a slot
+    read its fill."""
+
+    value: np.ndarray
+
+    def parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(index, owner rows, values): what kernels take to read a row's value
+        (``slot_index.slot_value``)."""
+        return self.index, self.row, self.value
+
+    def get(self, rows: np.ndarray) -> np.ndarray:
+        """The value of each of ``rows`` (the fill where it holds no slot)."""
+        slots = self.slots_of(rows)
+        return np.where(slots >= 0, self.value[np.maximum(slots, 0)], self.VALUES["value"][1])
+
+    def add(self, rows: np.ndarray, values: np.ndarray | np.integer | int) -> None:
+        """Give ``rows`` (distinct, holding none) slots with ``values``."""
+        slots = self.take(np.asarray(rows, np.int64))  # first: taking may grow the table
+        self.value[slots] = values
+
+    def held(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, values) of the slots in use (copies)."""
+        slots = np.flatnonzero(self.in_use)
+        return self.row[slots], self.value[slots]
+
+    @classmethod
+    def dense(cls, rows: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+        """The value of every row in [0, n) from :meth:`held`'s (rows, values), the fill
+        elsewhere: the column a snapshot or a check reads."""
+        dt, fill = cls.VALUES["value"]
+        out = np.full(n, fill, dt)
+        out[rows] = values
+        return out

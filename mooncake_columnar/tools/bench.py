@@ -312,7 +312,7 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
         "baseline_dict_get_median_us": float(np.median(dlat)) / 1e3,
         "baseline_copy_seconds": copy_s,
         "batch_get_ratio_to_baseline_copy": get_s / copy_s,
-        "bytes_per_object": (mem["columns"] + mem["index"] + mem["inflight"] + mem["soft_pins"]) / objects,
+        "bytes_per_object": (mem["columns"] + mem["index"] + mem["inflight"] + mem["side_tables"]) / objects,
         "column_bytes_per_object": mem["columns"] / objects,
         "column_bytes_per_object_by_name": {k: v / objects for k, v in by_column.items() if v},
         "index_bytes_per_object": mem["index"] / objects,

@@ -35,4 +35,4 @@ def test_locate_bitset_and_assignment_match_boolean_numpy(n, slots, seed):
     want_soft = np.where(want & ((flags & FLAG_SOFT_PIN_ENABLED) != 0), np.maximum(soft, 70), soft)
     table = soft_pins_of(soft)
     leases.grant_recovery_masked(lease, table.parts(), flags, bits, 50, 70)
-    assert np.array_equal(lease, want_lease) and np.array_equal(table.deadlines(np.arange(n)), want_soft)
+    assert np.array_equal(lease, want_lease) and np.array_equal(table.get(np.arange(n)), want_soft)

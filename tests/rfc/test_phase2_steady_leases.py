@@ -40,7 +40,7 @@ def test_phase2_grant_lease_until_never_shortens():
     leases.grant_recovery_masked(masked, soft.parts(), flags, rowbits.from_bool([True, True, False, True]), 600, 700)
     assert masked.tolist() == [600, 900, 50, 600]
     # only soft-pin-enabled objects get a soft pin
-    assert soft.deadlines(np.arange(4)).tolist() == [700, 900, 50, NO_DEADLINE]
+    assert soft.get(np.arange(4)).tolist() == [700, 900, 50, NO_DEADLINE]
 
 
 def test_phase2_read_after_longer_grant_keeps_later_deadline(clocks):
