@@ -10,7 +10,7 @@ from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..schema import FLAG_GROUPED, FLAG_LIVE
 from ..store.side_table import RowSideTable
-from ..store.soft_pins import SOFT_PIN_FLAGS
+from ..store.rare_fields import SOFT_PIN_FLAGS
 from ..store.upstream_ids import is_upstream_uuid
 
 from .report import MEM, COMPLETE, EMPTY, PROCESSING, fail, row_name, seg_name

@@ -41,7 +41,7 @@ from .inserts import NewObjects
 from .objects import put_start_ms
 from .rebuild import rebuild_all
 from .segments import Segment, segments_table
-from .soft_pins import GroupTable, SoftPinTable
+from .rare_fields import GroupTable, SoftPinTable
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore

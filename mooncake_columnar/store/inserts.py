@@ -17,7 +17,7 @@ from ..kernels import hashing as hk
 from ..kernels import index_load
 from ..kernels import objects as ok
 from ..schema import EMPTY_CODE, FLAG_PROCESSING, NO_DEADLINE, ST_EMPTY
-from .soft_pins import SOFT_PIN_FLAGS
+from .rare_fields import SOFT_PIN_FLAGS
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore

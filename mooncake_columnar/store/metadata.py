@@ -20,7 +20,7 @@ from ..validation import require_str
 from .discarded import DiscardedExtents
 from .inserts import NewObjects, insert_objects
 from .inflight import InflightTable
-from .soft_pins import GroupTable, SoftPinTable
+from .rare_fields import GroupTable, SoftPinTable
 from .keys import KeyIndex
 from .ledger import TenantLedger
 from .objects import ObjectTable

@@ -4,7 +4,7 @@ A row owns at most one slot; a slot holds the table's value columns and its owne
 finds its slot through a small open-addressing index (kernels/slot_index.py), so the objects
 that have none pay nothing. Kernels read a row's value with ``slot_index.find_slot(index, row,
 owner)`` and index the value column with it. Used by in-flight puts (store/inflight.py); soft
-pins and group membership hold one value each (:class:`RowValueTable`, store/soft_pins.py).
+pins and group membership hold one value each (:class:`RowValueTable`, store/rare_fields.py).
 """
 from __future__ import annotations
 

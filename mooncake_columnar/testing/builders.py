@@ -15,7 +15,7 @@ from mooncake_columnar.messages import ReplicateConfig
 from mooncake_columnar.schema import ReplicaStatus
 from mooncake_columnar.snapshots.manager import MasterRestoreStats, SnapshotManager, restore_master
 from mooncake_columnar.snapshots.repository import SnapshotRepository
-from mooncake_columnar.store.soft_pins import SoftPinTable
+from mooncake_columnar.store.rare_fields import SoftPinTable
 
 MB = 1 << 20
 

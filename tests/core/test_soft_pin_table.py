@@ -1,4 +1,4 @@
-"""Soft-pin deadlines live in a side table (store/soft_pins.py): only the objects that are, or
+"""Soft-pin deadlines live in a side table (store/rare_fields.py): only the objects that are, or
 await being, soft-pinned hold one; deadlines stay exact through put_end, removal and restore."""
 from __future__ import annotations
 

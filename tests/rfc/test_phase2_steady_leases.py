@@ -8,7 +8,7 @@ from mooncake_columnar import NEVER_LEASED, ReplicateConfig, SoftPinAction
 from mooncake_columnar.errors import ObjectHasLease
 from mooncake_columnar.kernels import leases, rowbits
 from mooncake_columnar.schema import FLAG_SOFT_PIN_ENABLED, NO_DEADLINE
-from mooncake_columnar.store.soft_pins import SoftPinTable
+from mooncake_columnar.store.rare_fields import SoftPinTable
 from mooncake_columnar.testing.builders import make_master
 
 MS = 1_000_000
