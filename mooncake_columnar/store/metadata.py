@@ -218,9 +218,8 @@ class MetadataStore:
             r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
             self.clear_slots(chain[r_idx], slot)
         ok.unlink_group_members(rows, self.group_head, o.group_next, self.group_of.parts(), o.flags)
-        self.group_of.release(self.group_of.slots_of(rows))
-        self.inflight.release(self.inflight.slots_of(rows))
-        self.soft_pins.release(self.soft_pins.slots_of(rows))
+        for table in (self.group_of, self.inflight, self.soft_pins):
+            table.release_rows(rows)
         self.keys.remove(rows)
         o.release_rows(rows)
 

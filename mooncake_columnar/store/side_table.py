@@ -74,6 +74,12 @@ class RowSideTable:
         if self.free_count == self.capacity > _SHRINK_ABOVE:  # a big batch is done: give its slots back
             self._reset(64)
 
+    def release_rows(self, rows: np.ndarray) -> None:
+        """Free the slots ``rows`` hold (nothing to look up while no row holds one: the common
+        case of the soft-pin and group tables)."""
+        if self.free_count < self.capacity:
+            self.release(self.slots_of(rows))
+
     def slots_of(self, rows: np.ndarray) -> np.ndarray:
         """The slot each of ``rows`` owns, -1 where none (int64)."""
         rows = np.asarray(rows, np.int64)
