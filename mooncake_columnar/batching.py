@@ -137,8 +137,8 @@ def joined_codes(parts: list[tuple[int, np.ndarray]]) -> np.ndarray:
     return np.concatenate([a for _, a in parts])
 
 
-def joined_results(parts: list[tuple[int, tuple[np.ndarray, ReplicaColumns]]]) -> BatchResult:
+def joined_results(parts: list[tuple[int, tuple[np.ndarray, ReplicaColumns | None]]]) -> BatchResult:
     """One BatchResult from the chunks' (codes, replica columns): codes in key order, and one
     replica table, built here, outside the master lock."""
     codes = joined_codes([(lo, c) for lo, (c, _) in parts])
-    return BatchResult(codes, replica_table([(lo, cols) for lo, (_, cols) in parts]))
+    return BatchResult(codes, replica_table([(lo, cols) for lo, (_, cols) in parts if cols is not None]))

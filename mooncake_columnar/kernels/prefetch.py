@@ -44,4 +44,4 @@ def _no_prefetch(array, index) -> None:
     return None
 
 
-prefetch = _no_prefetch if config.DISABLE_JIT else _prefetch
+prefetch = _no_prefetch if getattr(config, "DISABLE_JIT", False) else _prefetch
