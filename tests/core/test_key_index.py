@@ -91,9 +91,9 @@ def test_last_of_each_key_matches_a_dict(rows):
     assert np.flatnonzero(hk.last_of_each_key(offsets, data, tenants)).tolist() == sorted(last.values())
 
 
-def test_index_table_stays_between_75_and_85_percent_full_as_it_grows():
-    """Bytes per key: the table grows to 75% full once past 85%, whatever its size (not a
-    power of two), and every key stays found across the growths."""
+def test_index_table_stays_between_68_and_85_percent_full_as_it_grows():
+    """Bytes per key: once past 85% full the table grows to 75% full, or by 25% if that is
+    more, whatever its size (not a power of two); every key stays found across the growths."""
     objects = ObjectTable(16)
     index = KeyIndex(objects, 16)
     keys = as_string_array([f"key-{i}" for i in range(20_000)])
@@ -109,7 +109,7 @@ def test_index_table_stays_between_75_and_85_percent_full_as_it_grows():
             | np.diff(offsets[lo:lo + 1001])
         assert hk.insert_rows_unique(index.table, rows, index.arena, objects.key_ref, objects.tenant) == -1
         index.note_inserted(1000, index.arena_used + int(offsets[lo + 1000] - offsets[lo]))
-        assert 0.6 <= index.count / index.table.shape[0] <= 0.85
-    assert index.table.nbytes / index.count <= 8 / 0.75
+        assert 0.6 <= index.count / index.table.shape[0] <= 0.85  # (the first batch: 1000 keys in 16 slots)
+    assert index.table.nbytes / index.count <= 8 / 0.68
     found = index.lookup_batch(offsets, data, tenant)
     np.testing.assert_array_equal(found, np.arange(20_000))
