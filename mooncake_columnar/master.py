@@ -21,7 +21,7 @@ from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
 from .config import MasterConfig
 from .errors import ErrorCode, InvalidParams, SegmentAlreadyExists
 from .integrity import verify_engine
-from .kernels import objects as ok
+from .kernels import reads as rk
 from .locking import MasterLock
 from .messages import DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig, SegmentInfo
 from .metrics import Metrics
@@ -32,7 +32,7 @@ from .policies.discard import discard_expired_puts
 from .policies.recovery import RemountReport
 from .policies.segments import ClientLiveness, require_client
 from .policies.views import ReplicaColumns
-from .schema import OBJECTS_ARROW_SCHEMA, PingStatus
+from .schema import MAX_KEY_BYTES, OBJECTS_ARROW_SCHEMA, PingStatus
 from .store.arrow_io import export_tables, load_tables
 from .store.keys import as_string_array, string_buffers
 from .store.metadata import MetadataStore
@@ -221,7 +221,7 @@ class MasterService:
 
         def chunk(lo: int, hi: int) -> tuple[np.ndarray, ReplicaColumns]:
             codes, rows = puts.start(self, offsets[lo:hi + 1], data, sizes[lo:hi], client, config)
-            return codes, views.replica_columns(self.store, np.flatnonzero(codes == 0), rows, readable_only=False)
+            return codes, views.replica_columns(self.store, np.flatnonzero(codes == 0), rows)
 
         return joined_results(run_in_chunks(
             self._lock, len(arr), chunk,
@@ -249,49 +249,44 @@ class MasterService:
         removal.revoke(self, int(self.store.lookup(offsets, data, tenant_id)[0]), client, f"put_revoke {key!r}")
 
     # ================================================================================ reads
-    @locked_reading
-    def get_replica_list(self, key: str, tenant_id: str = DEFAULT_TENANT) -> list[ReplicaDescriptor]:
-        """Readable replicas of the object; grants the read lease (group rule)."""
+    def _read_one(self, key: str, tenant_id: str) -> tuple:
+        """The single-key read kernel's answer for ``key`` (kernels/reads.read_one: the lease
+        granted on OK); the caller holds the lock. No NumPy array or Arrow object per call."""
         k = key if type(key) is str and key and key.isascii() else require_str("key", key)
+        b = k.encode()
+        if len(b) > MAX_KEY_BYTES:
+            raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
         s = self.store
         tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
         o = s.objects
-        code, row, count, replica_id, kind, segment, offset, size = ok.find_and_classify_read(
-            s.keys.table, s.keys.arena, o.key_ref, o.tenant,
-            k.encode(), tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
+        return rk.read_one(
+            s.keys.table, s.keys.arena, o.key_ref, o.tenant, b, tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
             o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
             o.replica_segment, s.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes)
+
+    @locked_reading
+    def get_replica_list(self, key: str, tenant_id: str = DEFAULT_TENANT) -> list[ReplicaDescriptor]:
+        """Readable replicas of the object; grants the read lease (group rule)."""
+        code, row, count, replica_id, kind, segment, offset, size = self._read_one(key, tenant_id)
         if code:
             raise_code(code, f"get_replica_list {key!r}")
         if count == 1:  # the common case: the kernel read the one readable replica's slot
-            return [views.readable_descriptor(s, replica_id, kind, segment, offset, size)]
-        return views.readable_descriptors(s, row)
+            return [views.readable_descriptor(self.store, replica_id, kind, segment, offset, size)]
+        return views.readable_descriptors(self.store, row)
 
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))
-        return joined_results(read_in_chunks(self, offsets, data, tenant_id, lambda rows, codes: (
-            codes, views.replica_columns(self.store, np.arange(rows.size), rows, codes=codes, readable_only=True))))
+        return joined_results(read_in_chunks(self, offsets, data, tenant_id, want_replicas=True))
 
     @locked_reading
     def exist_key(self, key: str, tenant_id: str = DEFAULT_TENANT) -> bool:
         """True when a readable replica exists (and then the read lease is granted)."""
-        offsets, data = single_key(key)
-        rows = self.store.lookup(offsets, data, tenant_id)
-        return bool(self.classify_reads(rows)[0] == 0)
+        return self._read_one(key, tenant_id)[0] == 0
 
     def batch_exist_key(self, keys, tenant_id: str = DEFAULT_TENANT) -> np.ndarray:
         offsets, data = string_buffers(self._key_array(keys))
-        return joined_codes(read_in_chunks(self, offsets, data, tenant_id, lambda rows, codes: codes == 0))
-
-    def classify_reads(self, rows: np.ndarray) -> np.ndarray:
-        """Read codes of ``rows`` (-1: not found), granting the read leases; the caller holds the lock."""
-        s = self.store
-        codes = np.empty(rows.size, np.int32)
-        o = s.objects
-        ok.classify_reads(rows, self.clocks.steady_ns(), self.lease_ttl_ns, codes, o.flags,
-                          o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
-                          o.replica_segment, s.segments.readable, o.replica_more)
-        return codes
+        return joined_codes([(lo, codes == 0) for lo, (codes, _) in
+                             read_in_chunks(self, offsets, data, tenant_id, want_replicas=False)])
 
     # ================================================================================ removal
     @locked

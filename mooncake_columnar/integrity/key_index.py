@@ -78,7 +78,7 @@ _IX_OK, _IX_SLOT, _IX_LOOKUP, _IX_FULL = 0, 1, 2, 3
 
 
 @njit(inline="always", cache=True)
-def _earlier_equal_key(table, i, home, mask, v, arena, key_refs, row_tenant, tags, hw):
+def _earlier_equal_key(table, i, home, v, arena, key_refs, row_tenant, tags, hw):
     """Does a slot of the probe run from ``home`` up to slot i hold another row with slot i's
     (tenant, key)? Then a lookup stops there first (only tag matches compare key bytes). A slot
     naming no LIVE row is skipped here: its own visit reports it, and its key is not read."""
@@ -91,29 +91,28 @@ def _earlier_equal_key(table, i, home, mask, v, arena, key_refs, row_tenant, tag
             if other < hw and tags[other] != _NOT_LIVE:
                 if _same_key(arena, key_refs[r], row_tenant[r], key_refs[other], row_tenant[other]):
                     return True
-        p = (p + 1) & mask
+        p = hk.next_slot(p, table.shape[0])
     return False
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _scan_index(table, tags, hw, key_refs, row_tenant, arena):
     """One sequential pass over the index table (regions in parallel). A lookup of row r's own
-    key (hashing.find_row) finds r exactly when: r's slot holds r's tag, r's home slot (its
-    tag's low bits) lies in the same run of occupied slots at or before it, and no earlier slot
+    key (hashing.find_row) finds r exactly when: r's slot holds r's tag, r's home slot (from
+    its tag, hashing.tag_home) lies in the same run of occupied slots at or before it, and no earlier slot
     of that run holds an equal key. Returns (occupied slots, first bad slot or -1, problem)."""
     size = table.shape[0]
-    mask = size - 1
     regions = min(CHUNKS, size)
-    step = size // regions  # sizes are powers of two
     bad = np.full(regions, -1, np.int64)
     problem = np.zeros(regions, np.int64)
     count = np.zeros(regions, np.int64)
     for g in prange(regions):
-        lo = g * step
+        lo = hk.region_start(g, size, regions)
+        hi = size if g == regions - 1 else hk.region_start(g + 1, size, regions)
         run = lo  # the run holding slot lo starts after the last empty slot before it
         for back in range(1, size + 1):
-            if table[(lo - back) & mask] == hk.EMPTY_SLOT:
-                run = (lo - back + 1) & mask
+            if table[(lo - back) % size] == hk.EMPTY_SLOT:
+                run = (lo - back + 1) % size
                 break
             if back == size:
                 run = -1  # no empty slot at all: a probe for a missing key would never end
@@ -122,10 +121,10 @@ def _scan_index(table, tags, hw, key_refs, row_tenant, arena):
             problem[g] = _IX_FULL
             continue
         n = 0
-        for i in range(lo, lo + step):
+        for i in range(lo, hi):
             v = table[i]
             if v == hk.EMPTY_SLOT:
-                run = (i + 1) & mask
+                run = hk.next_slot(i, size)
                 continue
             r = v & ROW_MASK
             if v < 0 or r >= hw or tags[r] == _NOT_LIVE:
@@ -133,12 +132,12 @@ def _scan_index(table, tags, hw, key_refs, row_tenant, arena):
                 problem[g] = _IX_SLOT
                 break
             tag = v >> 32
-            home = tag & mask
-            if tag != tags[r] or ((i - home) & mask) > ((i - run) & mask):
+            home = hk.tag_home(tag, size)
+            if tag != tags[r] or (i - home) % size > (i - run) % size:
                 bad[g] = i
                 problem[g] = _IX_LOOKUP
                 break
-            if _earlier_equal_key(table, i, home, mask, v, arena, key_refs, row_tenant, tags, hw):
+            if _earlier_equal_key(table, i, home, v, arena, key_refs, row_tenant, tags, hw):
                 bad[g] = i
                 problem[g] = _IX_LOOKUP
                 break

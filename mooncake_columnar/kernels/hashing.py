@@ -2,9 +2,12 @@
 
 A table slot is an int64: ``(tag << 32) | row`` where ``tag`` is 31 bits of the key's hash, so
 most non-matching probes are rejected without touching the object columns; a tag match is
-verified against the key bytes in the arena (tenant, length and bytes). EMPTY = -1. The home
-slot is the tag's low bits, so deletion can shift later entries back (linear probing without
-tombstones: lookups never slow down under put/remove churn).
+verified against the key bytes in the arena (tenant, length and bytes). EMPTY = -1. The table
+may have any size (the key index sizes it to its load, not to a power of two): the home slot is
+the tag scaled to the table, ``(tag * size) >> 31`` (multiply-shift range reduction: no
+division, and monotone in the tag, so a table grows by a sequential pass, store/growth.py).
+Deletion shifts later entries back (linear probing without tombstones: lookups never slow down
+under put/remove churn).
 An object's ``key_ref`` packs its arena offset and key length: ``(offset << 16) | length``.
 """
 from __future__ import annotations
@@ -13,13 +16,14 @@ import numpy as np
 from numba import njit, prange
 
 from .dispatch import BATCH_MIN, variant
+from .prefetch import prefetch
 
 EMPTY_SLOT = -1
 KEY_LENGTH_BITS = 16
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
-_ROW_MASK = np.int64(0xFFFFFFFF)
+ROW_MASK = np.int64(0xFFFFFFFF)
 _LEN_MASK = np.int64((1 << KEY_LENGTH_BITS) - 1)
 
 
@@ -99,19 +103,52 @@ def same_tag(slot, h):
 
 
 @njit(inline="always", cache=True)
-def _key_equals(arena, ref, data, start, length):
+def key_equals(arena, ref, data, start, length):
+    """The key at ``ref`` in the arena is data[start:start+length] (compared eight bytes at a time)."""
     if ref_length(ref) != length:
         return False
     off = ref_offset(ref)
-    for i in range(length):
-        if arena[off + i] != data[start + i]:
+    i = 0
+    while i + 8 <= length:
+        if load_word(arena, off + i, 8) != load_word(data, start + i, 8):
             return False
+        i += 8
+    if i < length:
+        return load_word(arena, off + i, length - i) == load_word(data, start + i, length - i)
     return True
 
 
 @njit(inline="always", cache=True)
-def home_slot(h, mask):
-    return _tag(h) & mask
+def tag_home(tag, size):
+    """The home slot of a stored tag (31 bits) in a table of ``size`` slots."""
+    return np.int64((np.uint64(tag) * np.uint64(size)) >> np.uint64(31))
+
+
+@njit(inline="always", cache=True)
+def home_slot(h, size):
+    return tag_home(hash_tag(h), size)
+
+
+@njit(inline="always", cache=True)
+def next_slot(i, size):
+    i += 1
+    return i if i < size else i - size
+
+
+@njit(inline="always", cache=True)
+def region_of(slot, size, regions):
+    """Which of ``regions`` equal ranges of a ``size``-slot table holds ``slot`` (slots and home
+    slots: bulk passes split the table into regions that threads work on alone)."""
+    return np.int64(slot) * regions // size
+
+
+@njit(inline="always", cache=True)
+def region_start(g, size, regions):
+    """The first slot of region ``g`` (0 for ``g == regions``: a probe running past the last
+    region wraps to slot 0)."""
+    if g >= regions:
+        return np.int64(0)
+    return (np.int64(g) * size + regions - 1) // regions
 
 
 @njit(cache=True)
@@ -119,18 +156,18 @@ def probe_until(table, arena, key_refs, row_tenant, data, start, length, tenant,
     """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take); (-1, -1)
     if the probe steps onto slot ``stop`` first (-1: no limit; else a bulk build's window end,
     taken modulo the table size)."""
-    mask = table.shape[0] - 1
-    i = home_slot(h, mask)
+    size = table.shape[0]
+    i = home_slot(h, size)
     while True:
         v = table[i]
         if v == EMPTY_SLOT:
             return -1, i
         if same_tag(v, h):
-            r = v & _ROW_MASK
+            r = v & ROW_MASK
             if row_tenant[r] == tenant:
-                if _key_equals(arena, key_refs[r], data, start, length):
+                if key_equals(arena, key_refs[r], data, start, length):
                     return r, -1
-        i = (i + 1) & mask
+        i = next_slot(i, size)
         if i == stop:
             return -1, -1
 
@@ -157,26 +194,26 @@ def _delete_in(table, want, home, stop):
     """Backward-shift delete of slot value ``want`` whose probe starts at ``home``, touching only
     slots before slot ``stop`` (the end of the caller's window; -1: no limit). Returns 1 deleted,
     0 absent, -1 not attempted (its probe run reaches ``stop``; nothing was changed)."""
-    mask = table.shape[0] - 1
+    size = table.shape[0]
     i = home
     while table[i] != want:
         if table[i] == EMPTY_SLOT:
             return 0
-        i = (i + 1) & mask
+        i = next_slot(i, size)
         if i == stop:
             return -1
     end = i  # the run after the hole must also end inside the window
     while table[end] != EMPTY_SLOT:
-        end = (end + 1) & mask
+        end = next_slot(end, size)
         if end == stop:
             return -1
     j = i
     while True:
-        j = (j + 1) & mask
+        j = next_slot(j, size)
         v = table[j]
         if v == EMPTY_SLOT:
             break
-        vh = (v >> 32) & mask
+        vh = tag_home(v >> 32, size)
         # move v into the hole at i unless its home lies cyclically in (i, j]
         if (j > i and (vh <= i or vh > j)) or (j < i and (vh <= i and vh > j)):
             table[i] = v
@@ -188,8 +225,7 @@ def _delete_in(table, want, home, stop):
 @njit(cache=True)
 def delete_row(table, row, h):
     """Remove ``row`` and shift back the entries that probed past it."""
-    mask = table.shape[0] - 1
-    return _delete_in(table, _slot_value(h, row), home_slot(h, mask), -1) == 1
+    return _delete_in(table, _slot_value(h, row), home_slot(h, table.shape[0]), -1) == 1
 
 
 @njit(cache=True)
@@ -209,63 +245,90 @@ def slot_rows(table):
     k = 0
     for i in range(table.shape[0]):
         if table[i] >= 0:
-            out[k] = table[i] & _ROW_MASK
+            out[k] = table[i] & ROW_MASK
             k += 1
     return out
 
 
-_BLOCK = 32
+_BLOCK = 64
 
 
 @njit(inline="always", cache=True)
-def _first_slot_holds(v, h, slot_tenant, tenant, arena, ref, data, start, length):
-    # one test per `if`: Numba compiles `and` chains several times slower in hot loops
-    if not same_tag(v, h):
-        return False
-    if slot_tenant != tenant:
-        return False
-    return _key_equals(arena, ref, data, start, length)
+def tenant_at(tenants, i):
+    """Key i's tenant: ``tenants`` holds one per key, or one (a length-1 array) for all."""
+    return tenants[i] if tenants.shape[0] > 1 else tenants[0]
+
+
+@njit(inline="always", cache=True)
+def locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand):
+    """First stages of a batch lookup of keys b..b+m (see :func:`_find_rows`): ``hs[t]`` the
+    hash of key b+t; ``cand[t]`` the row in the first slot of its probe that holds its tag, or
+    -1 if an empty slot comes first (the key is absent). Each stage issues one independent
+    cache miss per key (home slot, then the candidate's key ref and tenant, then its key bytes)
+    as a prefetch, so a block's misses overlap; the caller may prefetch the candidates' own
+    columns before it verifies them (:func:`verified_row`)."""
+    size = table.shape[0]
+    for t in range(m):
+        i = b + t
+        h = hash_key(data, offsets[i], offsets[i + 1] - offsets[i], tenant_at(tenants, i))
+        hs[t] = h
+        prefetch(table, home_slot(h, size))
+    for t in range(m):
+        h = hs[t]
+        i = home_slot(h, size)
+        v = table[i]
+        while v != EMPTY_SLOT and not same_tag(v, h):
+            i = next_slot(i, size)
+            v = table[i]
+        cand[t] = -1 if v == EMPTY_SLOT else v & ROW_MASK
+        if v != EMPTY_SLOT:
+            prefetch(key_refs, cand[t])
+            prefetch(row_tenant, cand[t])
+    for t in range(m):
+        if cand[t] >= 0:
+            prefetch(arena, ref_offset(key_refs[cand[t]]))
+
+
+PROBE_ON = -2  # verified_row: the candidate is another key with the same tag
+
+
+@njit(inline="always", cache=True)
+def verified_row(i, r, arena, key_refs, row_tenant, offsets, data, tenants):
+    """Key i's row after :func:`locate_block` found candidate ``r``: ``r`` if it holds the key,
+    -1 if the key is absent (no candidate), else PROBE_ON: the caller probes on with
+    :func:`find_row` (rare; called from the kernel's own loop, not from here, see
+    kernels/leases.grant_read_lease)."""
+    if r < 0:
+        return np.int64(-1)
+    s = offsets[i]
+    if row_tenant[r] == tenant_at(tenants, i):
+        if key_equals(arena, key_refs[r], data, s, offsets[i + 1] - s):
+            return r
+    return np.int64(PROBE_ON)
 
 
 @njit(cache=True)
 def _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
-    """Rows of a batch of keys (-1 for absent).
+    """Rows of a batch of keys (-1 for absent); ``tenants``: see :func:`tenant_at`.
 
-    Staged by blocks: all home slots of a block are loaded, then all candidate rows' columns,
-    then keys are verified, so the cache misses of independent keys overlap.
+    Staged by blocks: all hashes and home slots of a block, then all candidate rows' key refs
+    and tenants, then their key bytes, then the verification, so the cache misses of
+    independent keys overlap (:func:`locate_block`).
     """
     n = offsets.shape[0] - 1
     out = np.empty(n, np.int64)
-    mask = table.shape[0] - 1
     hs = np.empty(_BLOCK, np.uint64)
-    vs = np.empty(_BLOCK, np.int64)
-    refs = np.empty(_BLOCK, np.int64)
-    tns = np.empty(_BLOCK, np.int64)
+    cand = np.empty(_BLOCK, np.int64)
     for b in range(0, n, _BLOCK):
         m = min(_BLOCK, n - b)
+        locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand)
         for t in range(m):
             i = b + t
-            h = hash_key(data, offsets[i], offsets[i + 1] - offsets[i], tenants[i])
-            hs[t] = h
-            vs[t] = table[home_slot(h, mask)]
-        for t in range(m):
-            v = vs[t]
-            if v >= 0:
-                if same_tag(v, hs[t]):
-                    r = v & _ROW_MASK
-                    refs[t] = key_refs[r]
-                    tns[t] = row_tenant[r]
-        for t in range(m):
-            i = b + t
-            s = offsets[i]
-            ln = offsets[i + 1] - s
-            v = vs[t]
-            if v == EMPTY_SLOT:
-                out[i] = -1
-            elif _first_slot_holds(v, hs[t], tns[t], tenants[i], arena, refs[t], data, s, ln):
-                out[i] = v & _ROW_MASK
-            else:  # first slot is someone else: continue probing the slow way
-                out[i] = find_row(table, arena, key_refs, row_tenant, data, s, ln, tenants[i], hs[t])
+            r = verified_row(i, cand[t], arena, key_refs, row_tenant, offsets, data, tenants)
+            if r == PROBE_ON:
+                r = find_row(table, arena, key_refs, row_tenant, data, offsets[i], offsets[i + 1] - offsets[i],
+                             tenant_at(tenants, i), hs[t])
+            out[i] = r
     return out
 
 
@@ -334,11 +397,9 @@ def _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch):
     block length and its key bytes. The caller then probes with the hashes while the slots are
     in cache."""
     m = min(hs.shape[0], rows.shape[0] - b)
-    mask = table.shape[0] - 1
     key_bytes = _hash_block(rows, b, m, arena, key_refs, row_tenant, hs, scratch)
-    touch = scratch[2]
     for t in range(m):
-        touch[t] = table[home_slot(hs[t], mask)]
+        prefetch(table, home_slot(hs[t], table.shape[0]))
     return m, key_bytes
 
 
@@ -377,7 +438,6 @@ def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
     region boundary are done afterwards, one at a time."""
     n = rows.shape[0]
     size = table.shape[0]
-    mask = size - 1
     hs = np.empty(n, np.uint64)
     blocks = (n + _BLOCK - 1) // _BLOCK
     per_chunk = (blocks + _CHUNKS - 1) // _CHUNKS
@@ -388,41 +448,34 @@ def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
             b = blk * _BLOCK
             key_bytes[c] += _hash_block(rows, b, min(_BLOCK, n - b), arena, key_refs, row_tenant, hs[b:], scratch)
     regions = min(_REGIONS, size)
-    shift = 0
-    while (regions << shift) < size:
-        shift += 1
     # counting sort by home slot, to 1/256 of a region: each region then walks its slots in
     # (nearly) ascending order, which the hardware prefetcher follows
-    sub_shift = min(8, shift)
-    buckets = regions << sub_shift
-    bucket_shift = shift - sub_shift
+    sub_shift = 8
+    buckets = regions << sub_shift  # bucket >> sub_shift is the home slot's region_of
     start = np.zeros(buckets + 1, np.int64)
     for i in range(n):
-        start[(home_slot(hs[i], mask) >> bucket_shift) + 1] += 1
+        start[region_of(home_slot(hs[i], size), size, buckets) + 1] += 1
     for g in range(buckets):
         start[g + 1] += start[g]
     fill = start[:-1].copy()
     sorted_rows = np.empty(n, np.int64)
     sorted_hs = np.empty(n, np.uint64)
     for i in range(n):
-        g = home_slot(hs[i], mask) >> bucket_shift
+        g = region_of(home_slot(hs[i], size), size, buckets)
         sorted_rows[fill[g]] = rows[i]
         sorted_hs[fill[g]] = hs[i]
         fill[g] += 1
     crossed = np.zeros(n, np.bool_)
-    touched = np.zeros(regions, np.int64)
     for g in prange(regions):
-        stop = ((np.int64(g) + 1) << shift) & mask
+        stop = region_start(g + 1, size, regions)
         lo, hi = start[g << sub_shift], start[(g + 1) << sub_shift]
-        touch = 0
         for b in range(lo, hi, _BLOCK):
-            for t in range(b, min(hi, b + _BLOCK)):  # load a block's home slots first: misses overlap
-                touch += table[home_slot(sorted_hs[t], mask)]
+            for t in range(b, min(hi, b + _BLOCK)):  # a block's home slots first: misses overlap
+                prefetch(table, home_slot(sorted_hs[t], size))
             for t in range(b, min(hi, b + _BLOCK)):
                 h = sorted_hs[t]
-                if _delete_in(table, _slot_value(h, sorted_rows[t]), home_slot(h, mask), stop) < 0:
+                if _delete_in(table, _slot_value(h, sorted_rows[t]), home_slot(h, size), stop) < 0:
                     crossed[t] = True
-        touched[g] = touch  # (kept so the compiler keeps the loads)
     for t in range(n):
         if crossed[t]:
             delete_row(table, sorted_rows[t], sorted_hs[t])
@@ -453,12 +506,13 @@ def insert_rows_unique(table, rows, arena, key_refs, row_tenant):
 def rehash_slots(old, lo, hi, new):
     """Insert the entries of ``old[lo:hi]`` into the larger table ``new`` by their stored tags:
     a slot keeps the top bits of its key's hash, and the home slot derives from them, so a
-    table grows without reading a key (store/growth.py)."""
-    mask = new.shape[0] - 1
+    table grows without reading a key (store/growth.py). Home slots rise with the tag, so
+    old slots in order land in new slots in (nearly) ascending order."""
+    size = new.shape[0]
     for s in range(lo, hi):
         v = old[s]
         if v >= 0:
-            i = (v >> 32) & mask
+            i = tag_home(v >> 32, size)
             while new[i] >= 0:
-                i = (i + 1) & mask
+                i = next_slot(i, size)
             new[i] = v

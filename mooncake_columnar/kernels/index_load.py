@@ -4,8 +4,8 @@ and key refs (the allocators are rebuilt by :mod:`.rebuild`).
 Inserting millions of rows one by one probes the table at random: each insert is a cache and TLB
 miss (about 200 ns per key at 10M keys here). The bulk build instead:
 
-1. hashes every row and counts rows per window of the table (windows: the top bits of the home
-   slot), in parallel chunks;
+1. hashes every row and counts rows per window of the table (windows: equal ranges of home
+   slots, ``hashing.region_of``), in parallel chunks;
 2. scatters (row, hash) into window order (a counting sort, each chunk writing its own ranges:
    parallel and stable);
 3. inserts window by window, windows in parallel: a window's probes stay inside its own slots
@@ -26,9 +26,9 @@ from numba import njit, prange
 
 from . import hashing as hk
 
-# At most 2^10 windows (128 KiB of table each at 16M slots), each at least 2^12 slots.
-_WINDOW_COUNT_BITS = 10
-_MIN_WINDOW_BITS = 12
+# At most 1024 windows (128 KiB of table each at 16M slots), each at least 4096 slots.
+_MAX_WINDOWS = 1024
+_MIN_WINDOW = 4096
 _CHUNKS = 16  # parallel chunks of the hash and scatter passes (stable: chunk order is row order)
 
 
@@ -40,7 +40,7 @@ def _tag_hash(tag):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _hash_and_count(rows, arena, key_refs, row_tenant, mask, shift, n_windows):
+def _hash_and_count(rows, arena, key_refs, row_tenant, size, n_windows):
     """(tag of each row's hash, rows per (chunk, window))."""
     n = rows.shape[0]
     tags = np.empty(n, np.uint32)
@@ -49,12 +49,12 @@ def _hash_and_count(rows, arena, key_refs, row_tenant, mask, shift, n_windows):
         for i in range(c * n // _CHUNKS, (c + 1) * n // _CHUNKS):
             tag = hk.hash_tag(hk.row_hash(arena, key_refs, row_tenant, rows[i]))
             tags[i] = tag
-            counts[c, (tag & mask) >> shift] += 1
+            counts[c, hk.region_of(hk.tag_home(tag, size), size, n_windows)] += 1
     return tags, counts
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _scatter(rows, tags, counts, mask, shift, part_rows, part_tags):
+def _scatter(rows, tags, counts, size, part_rows, part_tags):
     """(rows, tags) into window order; returns the window bounds. Chunk c's rows of window w
     go to their own range (windows in order, chunks in order inside a window)."""
     n_windows = counts.shape[1]
@@ -71,7 +71,7 @@ def _scatter(rows, tags, counts, mask, shift, part_rows, part_tags):
     for c in prange(_CHUNKS):
         fill = starts[c]
         for i in range(c * n // _CHUNKS, (c + 1) * n // _CHUNKS):
-            w = (tags[i] & mask) >> shift
+            w = hk.region_of(hk.tag_home(tags[i], size), size, n_windows)
             part_rows[fill[w]] = rows[i]
             part_tags[fill[w]] = tags[i]
             fill[w] += 1
@@ -82,15 +82,15 @@ def _scatter(rows, tags, counts, mask, shift, part_rows, part_tags):
 def _empty_or_tag_match(table, h, stop):
     """(slot, tag matched): the first slot of ``h``'s probe that is empty or holds its tag;
     (-1, False) if the probe steps onto ``stop`` first. Reads only the table."""
-    mask = table.shape[0] - 1
-    i = hk.home_slot(h, mask)
+    size = table.shape[0]
+    i = hk.home_slot(h, size)
     while True:
         v = table[i]
         if v == hk.EMPTY_SLOT:
             return i, False
         if hk.same_tag(v, h):
             return i, True
-        i = (i + 1) & mask
+        i = hk.next_slot(i, size)
         if i == stop:
             return -1, False
 
@@ -115,13 +115,12 @@ def _insert(table, r, tag, arena, key_refs, row_tenant, stop):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _insert_windows(table, part_rows, part_tags, bounds, shift, arena, key_refs, row_tenant, deferred):
+def _insert_windows(table, part_rows, part_tags, bounds, arena, key_refs, row_tenant, deferred):
     """Windows in parallel; marks deferred rows. Returns a row already present per window (-1)."""
     n_windows = bounds.shape[0] - 1
-    mask = table.shape[0] - 1
     dup = np.full(n_windows, -1, np.int64)
     for w in prange(n_windows):
-        stop = ((w + 1) << shift) & mask
+        stop = hk.region_start(w + 1, table.shape[0], n_windows)
         for i in range(bounds[w], bounds[w + 1]):
             done = _insert(table, part_rows[i], part_tags[i], arena, key_refs, row_tenant, stop)
             if done == 0:
@@ -150,18 +149,15 @@ def bulk_insert_unique(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, k
     rows = np.ascontiguousarray(rows, np.int64)
     if rows.size == 0:
         return -1
-    mask = table.shape[0] - 1
-    table_bits = mask.bit_length()
-    shift = min(table_bits, max(_MIN_WINDOW_BITS, table_bits - _WINDOW_COUNT_BITS))
-    n_windows = 1 << (table_bits - shift)
-    tags, counts = _hash_and_count(rows, arena, key_refs, row_tenant, mask, shift, n_windows)
+    size = table.shape[0]
+    n_windows = max(1, min(_MAX_WINDOWS, size // _MIN_WINDOW))
+    tags, counts = _hash_and_count(rows, arena, key_refs, row_tenant, size, n_windows)
     part_rows = np.empty(rows.size, np.int32 if rows.max() <= np.iinfo(np.int32).max else np.int64)
     part_tags = np.empty_like(tags)
-    bounds = _scatter(rows, tags, counts, mask, shift, part_rows, part_tags)
+    bounds = _scatter(rows, tags, counts, size, part_rows, part_tags)
     del tags
     deferred = np.zeros(rows.size, np.bool_)
-    dups = _insert_windows(table, part_rows, part_tags, bounds, shift, arena, key_refs, row_tenant,
-                           deferred)
+    dups = _insert_windows(table, part_rows, part_tags, bounds, arena, key_refs, row_tenant, deferred)
     dup = int(dups.max())
     if dup < 0:
         dup = int(_insert_deferred(table, part_rows, part_tags, deferred, arena, key_refs, row_tenant))

@@ -15,12 +15,13 @@ from . import allocation as ak
 from .chains import next_row
 from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
-from .leases import commit_soft_pin, grant_read_lease, grant_until
+from .prefetch import prefetch
+from .leases import commit_soft_pin, grant_until
 from .rowbits import bit, words_for
 from .slot_index import find_slot, slot_value
 from .predicates import (has_pending_soft_pin, is_grouped, is_live, is_memory_replica_on, is_put_in_flight,
                          is_readable_replica, memory_replica_segment, lease_expired, slot_in_use, slot_is_complete,
-                         slot_is_processing, slot_is_removed)
+                         slot_is_processing)
 
 _BLOCK = 32
 # batch result codes, from the one ErrorCode table (module-level ints: Numba compiles them in)
@@ -101,17 +102,16 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
     off_buf = np.empty(replica_num, np.int64)
     tried = np.empty(allocatable.shape[0], np.bool_)
     hashes = np.empty(_BLOCK, np.uint64)
-    probe = np.empty(_BLOCK, np.int64)
     used_rows = 0
     extras = 0
     hot = rep_status.shape[1]
     for i in range(picks.shape[0]):
         t = i % _BLOCK
-        if t == 0:  # stage: hash a block and touch its home slots so the misses overlap
+        if t == 0:  # stage: hash a block and prefetch its home slots so the misses overlap
             for u in range(min(_BLOCK, picks.shape[0] - i)):
                 k = picks[i + u]
                 hashes[u] = hk.hash_key(data, offsets[k], offsets[k + 1] - offsets[k], tenant)
-                probe[u] = table[hk.home_slot(hashes[u], table.shape[0] - 1)]
+                prefetch(table, hk.home_slot(hashes[u], table.shape[0]))
         k = picks[i]
         s = offsets[k]
         ln = offsets[k + 1] - s
@@ -221,126 +221,6 @@ def complete_puts(rows, *args):
     if rows.shape[0] < BATCH_MIN:
         return _complete_puts(rows, *args)
     return _complete_puts_nogil(rows, *args)
-
-
-@njit(inline="always", cache=True)
-def classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg, seg_readable, more):
-    """get/exist of one row: OK (lease granted), NOT_FOUND (also r < 0), or NOT_READY."""
-    if r < 0:
-        return NOT_FOUND
-    readable = False
-    all_removed = True
-    rr = r
-    while rr >= 0:
-        for j in range(rep_status.shape[1]):
-            st = rep_status[rr, j]
-            if not slot_in_use(st):
-                continue
-            if not slot_is_removed(st):
-                all_removed = False
-            if is_readable_replica(st, rep_kind[rr, j], rep_seg[rr, j], seg_readable):
-                readable = True
-        rr = next_row(more, rr)
-    if readable:
-        grant_read_lease(r, now, ttl_ns, lease, flags, group_next)
-        return OK
-    return NOT_FOUND if all_removed else NOT_READY
-
-
-@njit(cache=True)
-def _classify_reads(rows, now, ttl_ns, codes, flags, lease, group_next,
-                    rep_status, rep_kind, rep_seg, seg_readable, more):
-    """get/exist: OK (lease granted), NOT_FOUND, or NOT_READY per row, one ``now`` for all."""
-    for i in range(rows.shape[0]):
-        codes[i] = classify_read(rows[i], now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
-                                 seg_readable, more)
-
-
-_classify_reads_nogil = variant(_classify_reads, "_nogil", nogil=True)
-
-
-def classify_reads(rows, *args):
-    """See :func:`_classify_reads` (drops the GIL for batches)."""
-    if rows.shape[0] < BATCH_MIN:
-        return _classify_reads(rows, *args)
-    return _classify_reads_nogil(rows, *args)
-
-
-@njit(cache=True)
-def find_and_classify_read(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_next,
-                           rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes):
-    """Single-key fast path of get_replica_list: ``(code, row, count, replica_id, kind, segment,
-    offset, size)`` with the lease granted on OK. ``count``: the object's readable replicas
-    (on OK); when it is 1, the rest are that replica's slot values (its row's size), so the
-    caller builds its one descriptor without reading the columns again (else they are 0).
-    ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is
-    allocated either."""
-    n = len(key)
-    h = hk.hash_key(key, 0, n, tenant)
-    r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, n, tenant, h)
-    code = classify_read(r, now, ttl_ns, flags, lease, group_next, rep_status, rep_kind, rep_seg,
-                         seg_readable, more)
-    count = 0
-    rid = np.uint64(0)  # the replica id column's dtype (a uint64 boxes to an exact Python int)
-    kind = seg = offset = size = 0  # int(): plain ints under NUMBA_DISABLE_JIT too
-    if code == OK:
-        rr = r
-        while rr >= 0:
-            for j in range(rep_status.shape[1]):
-                if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
-                    count += 1
-                    if count == 1:
-                        rid = int(rep_id[rr, j])
-                        kind = int(rep_kind[rr, j])
-                        seg = int(rep_seg[rr, j])
-                        offset = int(rep_offset[rr, j])
-                        size = int(size_bytes[rr])
-            rr = next_row(more, rr)
-    if count != 1:
-        rid = np.uint64(0)
-        kind = seg = offset = size = 0
-    return code, r, count, rid, kind, seg, offset, size
-
-
-@njit(cache=True)
-def _readable_slots(rows, codes, rep_status, rep_kind, rep_seg, seg_readable, more):
-    """(batch index, row, slot) of every readable replica of the rows whose code is OK (the
-    row of a slot is the object's row or one of its continuation rows)."""
-    n = 0
-    for i in range(rows.shape[0]):
-        if codes[i] == OK:
-            r = rows[i]
-            while r >= 0:
-                for j in range(rep_status.shape[1]):
-                    if is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable):
-                        n += 1
-                r = next_row(more, r)
-    out_i = np.empty(n, np.int64)
-    out_r = np.empty(n, np.int64)
-    out_j = np.empty(n, np.int64)
-    k = 0
-    for i in range(rows.shape[0]):
-        if codes[i] == OK:
-            r = rows[i]
-            while r >= 0:
-                for j in range(rep_status.shape[1]):
-                    if is_readable_replica(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], seg_readable):
-                        out_i[k] = i
-                        out_r[k] = r
-                        out_j[k] = j
-                        k += 1
-                r = next_row(more, r)
-    return out_i, out_r, out_j
-
-
-_readable_slots_nogil = variant(_readable_slots, "_nogil", nogil=True)
-
-
-def readable_slots(rows, *args):
-    """See :func:`_readable_slots` (drops the GIL for batches)."""
-    if rows.shape[0] < BATCH_MIN:
-        return _readable_slots(rows, *args)
-    return _readable_slots_nogil(rows, *args)
 
 
 @njit(cache=True)

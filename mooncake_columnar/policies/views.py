@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..kernels import objects as ok
 from ..kernels import predicates as pk
+from ..kernels import reads as rk
 from ..messages import ObjectInfo, ReplicaDescriptor, SegmentInfo
 from ..metrics import Metrics
 from ..schema import (FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_EMPTY,
@@ -149,31 +149,47 @@ def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: l
                                      readable))
 
 
-def replica_columns(store: MetadataStore, batch_idx: np.ndarray, rows: np.ndarray, *, readable_only: bool,
-                    codes: np.ndarray | None = None) -> "ReplicaColumns":
-    """Flat replica descriptors of rows[batch_idx] (readable ones only, or all slots in use),
-    as NumPy gathers under the master lock; :func:`replica_table` builds the Arrow table
-    from them later, outside it."""
+def replica_columns(store: MetadataStore, batch_idx: np.ndarray, rows: np.ndarray) -> "ReplicaColumns":
+    """Flat descriptors of every replica slot in use of rows[batch_idx], as NumPy gathers under
+    the master lock; :func:`replica_table` builds the Arrow table from them later, outside it."""
     o = store.objects
-    if codes is None:
-        codes = np.zeros(rows.size, np.int32)
-    sel = np.zeros(rows.size, np.int32) - 1
-    sel[batch_idx] = codes[batch_idx]
-    if readable_only:
-        ki, r, j = ok.readable_slots(rows, sel, o.replica_status, o.replica_kind, o.replica_segment,
-                                     store.segments.readable, o.replica_more)
-    else:
-        chains = o.chains(rows[batch_idx])
-        ri, j = np.nonzero(o.replica_status[chains.rows] != ST_EMPTY)
-        ki, r = batch_idx[chains.owner[ri]], chains.rows[ri]
+    chains = o.chains(rows[batch_idx])
+    ri, j = np.nonzero(o.replica_status[chains.rows] != ST_EMPTY)
+    ki, r = batch_idx[chains.owner[ri]], chains.rows[ri]
+    names, endpoints, bases = _segment_lists(store)
     # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
+    seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(names) - 1)
+    return ReplicaColumns(ki, o.replica_id[r, j], seg_codes, names, endpoints,
+                          bases[seg_codes] + o.replica_offset[r, j], o.size_bytes[r])
+
+
+def _segment_lists(store: MetadataStore) -> tuple[list[str], list[str], np.ndarray]:
+    """Names, endpoints and base addresses by segment code, with a trailing ("", "", 0) entry
+    for the replicas on no segment (LOCAL_DISK)."""
     infos = store.segments.info
-    seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(infos))
     names = [s.name if s else "" for s in infos] + [""]
     endpoints = [s.endpoint if s else "" for s in infos] + [""]
     bases = np.array([s.base if s else 0 for s in infos] + [0], np.int64)
-    return ReplicaColumns(ki, o.replica_id[r, j], seg_codes, names, endpoints,
-                          bases[seg_codes] + o.replica_offset[r, j], o.size_bytes[r])
+    return names, endpoints, bases
+
+
+def read_batch(store: MetadataStore, offsets: np.ndarray, data: np.ndarray, tenant: int, now: int, ttl_ns: int,
+               *, want_replicas: bool) -> tuple[np.ndarray, "ReplicaColumns | None"]:
+    """Read codes of a batch of keys of tenant code ``tenant`` (the read leases granted), and
+    with ``want_replicas`` the readable replicas' descriptor columns (one kernel pass,
+    kernels/reads.py); the caller holds the master lock."""
+    o, k = store.objects, store.keys
+    n = offsets.size - 1
+    codes = np.empty(n, np.int32)
+    names, endpoints, bases = _segment_lists(store) if want_replicas else ([], [], np.zeros(1, np.int64))
+    ki, ids, seg_codes, address, size = rk.read_batch(
+        k.table, k.arena, o.key_ref, o.tenant, offsets, data, np.array([tenant], np.int32), now, ttl_ns,
+        o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind, o.replica_segment,
+        store.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes, bases,
+        want_replicas, codes)
+    if not want_replicas:
+        return codes, None
+    return codes, ReplicaColumns(ki, ids, seg_codes, names, endpoints, address, size)
 
 
 @dataclass(frozen=True)

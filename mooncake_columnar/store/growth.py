@@ -83,8 +83,8 @@ class ColumnGrowth:
 
 
 class TableRehash:
-    """The key index's slot table at a larger power-of-two size: first emptied, then filled by
-    the stored tags (units: the new slots to empty, then the old slots to rehash)."""
+    """The key index's slot table at a larger size: first emptied, then filled by the stored
+    tags (units: the new slots to empty, then the old slots to rehash)."""
 
     def __init__(self, keys: "KeyIndex", capacity: int) -> None:
         self.keys, self.capacity = keys, capacity

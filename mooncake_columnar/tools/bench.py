@@ -15,7 +15,9 @@ import numpy as np
 
 from ..clock import ManualClocks
 from ..master import MasterService
+from ..messages import DEFAULT_TENANT
 from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
+from ..store.keys import as_string_array, string_buffers
 from .bench_oplog import bench_oplog
 from .bench_snapshot import bench_snapshot
 from .synthetic import KEY_BYTES, build_master, peak_rss_bytes, promoted_master, synthetic_keys
@@ -239,6 +241,18 @@ def reader_wait_figures(m: MasterService, objects: int, batch: int, period_s: fl
     }
 
 
+def index_lookup_seconds(m: MasterService, keys) -> float:
+    """The key index's batch lookup of ``keys`` alone, in chunks of the size a batch read's
+    chunks reach (no lock, classification, lease or descriptors)."""
+    offsets, data = string_buffers(as_string_array(keys))
+    tenant = np.array([m.tenants.find(DEFAULT_TENANT)], np.int32)
+    step = 1 << 16
+    t0 = time.perf_counter()
+    for lo in range(0, offsets.size - 1, step):
+        m.keys.lookup_batch(offsets[lo:lo + step + 1], data, tenant)
+    return time.perf_counter() - t0
+
+
 def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int = 1_000_000,
                single_gets: int = 20_000, show_progress: bool = False) -> dict:
     """Put/get throughput, single-key get latency, client threads and metadata bytes per object."""
@@ -269,6 +283,8 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
     # batch get of `batch` existing keys in random order
     picks = synthetic_keys(0, objects).take(rng.integers(0, objects, batch))
     get_s = _timed(lambda: m.batch_get_replica_list(picks))
+    exist_s = _timed(lambda: m.batch_exist_key(picks))
+    lookup_s = index_lookup_seconds(m, picks)
 
     # baseline: a Python dict answering the same lookups (sampled; scaled to the batch)
     sample = picks.slice(0, min(batch, 200_000)).to_pylist()
@@ -307,6 +323,10 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
         "batch_get_keys_per_s": batch / get_s,
         "baseline_dict_lookup_keys_per_s": batch / dict_s,
         "batch_get_ratio_to_dict_baseline": dict_s / get_s,
+        "batch_exist_keys_per_s": batch / exist_s,
+        # the floor under both: the key index alone (hash, probe, verify) on the same keys
+        "baseline_index_lookup_keys_per_s": batch / lookup_s,
+        "batch_get_ratio_to_index_lookup": lookup_s / get_s,
         "single_get_median_us": float(np.median(lat)) / 1e3,
         "single_get_p99_us": float(np.percentile(lat, 99)) / 1e3,
         "baseline_dict_get_median_us": float(np.median(dlat)) / 1e3,

@@ -63,11 +63,11 @@ def _index_with_keys(n: int, tenants: int, capacity: int) -> tuple[KeyIndex, Obj
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), fraction=st.floats(0.4, 1.0))
 def test_bulk_delete_across_region_boundaries_matches_one_by_one(seed, fraction):
-    """The parallel bulk delete (regions of a small, ~70%-full table: many probe runs cross a
+    """The parallel bulk delete (regions of a small, 75%-full table: many probe runs cross a
     region boundary) leaves an index that answers every lookup like deleting one key at a time."""
-    n = 11_000  # 16384 slots: 256 regions of 64 slots
+    n = 11_000  # 14667 slots (not a power of two): 256 regions of 57 or 58 slots
     index, objects, keys, tenant = _index_with_keys(n, tenants=3, capacity=n)
-    assert index.table.shape[0] == 16384
+    assert index.table.shape[0] == 14667
     rng = np.random.default_rng(seed)
     doomed = np.sort(rng.choice(n, int(n * fraction), replace=False)).astype(np.int64)
     assert doomed.size >= hk._PARALLEL_DELETE_MIN
@@ -89,3 +89,27 @@ def test_last_of_each_key_matches_a_dict(rows):
     tenants = np.array([tenant for tenant, _ in rows], np.int32)
     last = {row: i for i, row in enumerate(rows)}
     assert np.flatnonzero(hk.last_of_each_key(offsets, data, tenants)).tolist() == sorted(last.values())
+
+
+def test_index_table_stays_between_68_and_85_percent_full_as_it_grows():
+    """Bytes per key: once past 85% full the table grows to 75% full, or by 25% if that is
+    more, whatever its size (not a power of two); every key stays found across the growths."""
+    objects = ObjectTable(16)
+    index = KeyIndex(objects, 16)
+    keys = as_string_array([f"key-{i}" for i in range(20_000)])
+    offsets, data = string_buffers(keys)
+    tenant = np.zeros(1, np.int32)
+    for lo in range(0, 20_000, 1000):
+        rows = objects.take_rows(1000)
+        objects.tenant[rows] = 0
+        index.reserve(1000, int(offsets[lo + 1000] - offsets[lo]))
+        index.arena[index.arena_used:index.arena_used + offsets[lo + 1000] - offsets[lo]] = \
+            data[offsets[lo]:offsets[lo + 1000]]
+        objects.key_ref[rows] = ((offsets[lo:lo + 1000] - offsets[lo] + index.arena_used) << hk.KEY_LENGTH_BITS) \
+            | np.diff(offsets[lo:lo + 1001])
+        assert hk.insert_rows_unique(index.table, rows, index.arena, objects.key_ref, objects.tenant) == -1
+        index.note_inserted(1000, index.arena_used + int(offsets[lo + 1000] - offsets[lo]))
+        assert 0.6 <= index.count / index.table.shape[0] <= 0.85  # (the first batch: 1000 keys in 16 slots)
+    assert index.table.nbytes / index.count <= 8 / 0.68
+    found = index.lookup_batch(offsets, data, tenant)
+    np.testing.assert_array_equal(found, np.arange(20_000))

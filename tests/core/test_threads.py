@@ -123,33 +123,33 @@ def test_threads_mixed_clients_and_batches_stay_consistent() -> None:
     m.verify()
 
 
-def _chunk_starts(m: MasterService, attr: str) -> list[float]:
-    """Start times of the batch thread's calls of the internal ``attr`` (one per chunk)."""
+def _chunk_starts(monkeypatch: pytest.MonkeyPatch, owner: object, attr: str) -> list[float]:
+    """Start times of the batch thread's calls of the internal ``owner.attr`` (one per chunk)."""
     starts: list[float] = []
-    inner = getattr(m, attr)
+    inner = getattr(owner, attr)
 
     def hooked(*args, **kwargs):
         if threading.current_thread().name == "batch":
             starts.append(time.perf_counter())
         return inner(*args, **kwargs)
 
-    setattr(m, attr, hooked)
+    monkeypatch.setattr(owner, attr, hooked)
     return starts
 
 
 @pytest.mark.parametrize("call", ["batch_get_replica_list", "batch_put_start"])
-def test_threads_single_get_completes_while_big_batch_runs(call: str) -> None:
+def test_threads_single_get_completes_while_big_batch_runs(call: str, monkeypatch: pytest.MonkeyPatch) -> None:
     base = 100_000
     m = _master(base)
     n = 600_000
     if call == "batch_get_replica_list":
         keys = synthetic_keys(0, base).take(np.random.default_rng(3).integers(0, base, n))
         run = lambda: m.batch_get_replica_list(keys)  # noqa: E731
-        starts = _chunk_starts(m.store, "lookup")  # the lookup pass, one call per chunk
+        starts = _chunk_starts(monkeypatch, batching, "read_batch")  # one call per chunk
     else:
         keys = synthetic_keys(base, n)
         run = lambda: m.batch_put_start(keys, np.full(n, 4096, np.int64), client_id=CLIENT)  # noqa: E731
-        starts = _chunk_starts(m.store, "insert_puts")
+        starts = _chunk_starts(monkeypatch, m.store, "insert_puts")
     probe = synthetic_keys(0, base).to_pylist()
     m.get_replica_list(probe[0])
     m.batch_get_replica_list(probe[:4096])  # compile the batch-sized kernel variants first
@@ -319,10 +319,10 @@ def test_threads_busy_callers_hand_the_lock_over_per_turn_not_per_call(monkeypat
 
 
 @pytest.mark.parametrize("call", ["batch_get_replica_list", "batch_exist_key"])
-def test_threads_batch_read_looks_again_at_keys_changed_between_its_passes(
-        call: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batch reads look every key up first and classify afterwards; a key removed in between,
-    whose row another key then takes, is not read through the stale row."""
+def test_threads_batch_read_sees_keys_changed_between_its_chunks(call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk of a batch read looks its keys up and reads their rows in one lock turn: a key
+    removed before its chunk, whose row another key then takes, is not found (not read through
+    the stale row)."""
     m = MasterService(MasterConfig(), clocks=ManualClocks())
     mount_segments(m, 2, 1 << 30)
     keys = [f"k{i}" for i in range(10)]
@@ -330,28 +330,29 @@ def test_threads_batch_read_looks_again_at_keys_changed_between_its_passes(
     m.batch_put_end(keys, client_id=CLIENT)
     row_of = lambda key: int(m.store.lookup(np.array([0, len(key)], np.int64), np.frombuffer(key.encode(), np.uint8),  # noqa: E731
                                        "default")[0])
-    old_row = row_of("k3")
-    real = batching.run_in_chunks
-    passes: list[int] = []
+    old_row = row_of("k7")
+    for name in ("FIRST_CHUNK", "MIN_CHUNK", "MAX_CHUNK"):
+        monkeypatch.setattr(batching, name, 5)
+    real = batching.read_batch
+    chunks: list[int] = []
 
-    def between_passes(lock, n, step, **kwargs):
-        out = real(lock, n, step, **kwargs)
-        if not passes:  # after the lookup pass: k3 goes, and its row goes to another key
-            m.remove("k3", force=True)
+    def between_chunks(store, offsets, *args, **kwargs):
+        if len(chunks) == 1:  # before the second chunk: k7 goes, and its row goes to another key
+            m.remove("k7", force=True)
             m.put_start("intruder", 100, client_id=CLIENT)
             m.put_end("intruder", client_id=CLIENT)
-        passes.append(n)
-        return out
+        chunks.append(offsets.size - 1)
+        return real(store, offsets, *args, **kwargs)
 
-    monkeypatch.setattr(batching, "run_in_chunks", between_passes)
+    monkeypatch.setattr(batching, "read_batch", between_chunks)
     result = getattr(m, call)(keys)
-    assert len(passes) == 2
+    assert chunks == [5, 5]
     assert row_of("intruder") == old_row  # the stale row now holds another key
     if call == "batch_exist_key":
-        assert result.tolist() == [i != 3 for i in range(10)]
+        assert result.tolist() == [i != 7 for i in range(10)]
     else:
-        assert result.codes.tolist() == [ErrorCode.OBJECT_NOT_FOUND if i == 3 else 0 for i in range(10)]
-        assert 3 not in result.replicas.column("key_index").to_pylist()
+        assert result.codes.tolist() == [ErrorCode.OBJECT_NOT_FOUND if i == 7 else 0 for i in range(10)]
+        assert 7 not in result.replicas.column("key_index").to_pylist()
         assert result.replicas.num_rows == 9
 
 

@@ -1,0 +1,219 @@
+"""Read kernels (get_replica_list, exist_key and their batches): lookup, readability, the read
+lease, and the readable replicas' descriptors.
+
+The batch pass is staged by blocks of keys so that their cache misses overlap instead of
+following one another (hashing.locate_block: hashes, home slots, candidate rows, key bytes);
+the candidates' own columns are prefetched too, speculatively, before any key is verified; only
+then is each key verified and classified, its data by now in cache.
+
+Per-key helpers here are inlined and loop-free where they receive arrays, and the rare calls
+(an index probe past a foreign tag, a group's lease walk) are made from the kernel body:
+see kernels/leases.grant_read_lease for what the other shapes cost.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..errors import ErrorCode
+from ..schema import KIND_MEMORY
+from . import hashing as hk
+from .chains import next_row
+from .dispatch import BATCH_MIN, variant
+from .leases import grant_group_read_lease, grant_read_lease
+from .predicates import is_readable_replica, slot_in_use, slot_is_removed
+from .prefetch import prefetch
+
+OK = int(ErrorCode.OK)
+NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+NOT_READY = int(ErrorCode.REPLICA_IS_NOT_READY)
+_BLOCK = 64
+_MEM_KIND = int(KIND_MEMORY)  # its replicas' segment column is a segment code
+
+
+@njit(inline="always", cache=True)
+def read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more):
+    """get/exist of row ``r`` before its lease: OK (some replica readable), NOT_FOUND (also
+    r < 0, or every replica REMOVED) or NOT_READY."""
+    if r < 0:
+        return NOT_FOUND
+    readable = False
+    all_removed = True
+    rr = r
+    while rr >= 0:
+        for j in range(rep_status.shape[1]):
+            st = rep_status[rr, j]
+            if not slot_in_use(st):
+                continue
+            if not slot_is_removed(st):
+                all_removed = False
+            if is_readable_replica(st, rep_kind[rr, j], rep_seg[rr, j], seg_readable):
+                readable = True
+        rr = next_row(more, rr)
+    if readable:
+        return OK
+    return NOT_FOUND if all_removed else NOT_READY
+
+
+@njit(inline="always", cache=True)
+def _prefetch_rows(m, cand, flags, lease, rep_status, rep_kind, rep_seg):
+    """Prefetch the candidate rows' columns that the classification reads (speculatively: a
+    candidate is the key's row unless another key shares its tag)."""
+    for t in range(m):
+        r = cand[t]
+        if r >= 0:
+            prefetch(flags, r)
+            prefetch(lease, r)
+            prefetch(rep_status, (r, 0))
+            prefetch(rep_kind, (r, 0))
+            prefetch(rep_seg, (r, 0))
+
+
+@njit(inline="always", cache=True)
+def _prefetch_descriptors(m, cand, size_bytes, rep_id, rep_offset):
+    """Prefetch the candidate rows' columns that the descriptors read."""
+    for t in range(m):
+        r = cand[t]
+        if r >= 0:
+            prefetch(size_bytes, r)
+            prefetch(rep_id, (r, 0))
+            prefetch(rep_offset, (r, 0))
+
+
+@njit(inline="always", cache=True)
+def _readable_count(b, m, codes, rows, rep_status, rep_kind, rep_seg, seg_readable, more):
+    """Readable replicas of the OK keys of block b..b+m (``rows``: the block's rows)."""
+    count = 0
+    for t in range(m):
+        if codes[b + t] != OK:
+            continue
+        rr = rows[t]
+        while rr >= 0:
+            for j in range(rep_status.shape[1]):
+                if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
+                    count += 1
+            rr = next_row(more, rr)
+    return count
+
+
+@njit(cache=True)
+def _grown(a, n):
+    out = np.empty(max(2 * a.shape[0], n), a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@njit(cache=True)
+def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_next,
+                rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
+                want_replicas, codes):
+    """Read codes of keys ``offsets``/``data`` (``tenants``: hashing.tenant_at) into
+    ``codes``, the read lease granted on OK; and, if ``want_replicas``, the readable replicas
+    of the OK keys as columns ``(key index, replica id, segment code, address, size)``. A
+    memory replica's segment code is its segment (address: ``seg_base[code]`` + offset); any
+    other replica's is ``len(seg_base) - 1`` (``seg_base`` ends with 0: its address is the
+    offset)."""
+    n = offsets.shape[0] - 1
+    hs = np.empty(_BLOCK, np.uint64)
+    cand = np.empty(_BLOCK, np.int64)
+    rows = np.empty(_BLOCK, np.int64)
+    cap = n * rep_status.shape[1] if want_replicas else 0
+    out_i = np.empty(cap, np.int64)
+    out_id = np.empty(cap, rep_id.dtype)
+    out_seg = np.empty(cap, np.int64)
+    out_addr = np.empty(cap, np.int64)
+    out_size = np.empty(cap, np.int64)
+    other = seg_base.shape[0] - 1
+    k = 0
+    for b in range(0, n, _BLOCK):
+        m = min(_BLOCK, n - b)
+        hk.locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand)
+        _prefetch_rows(m, cand, flags, lease, rep_status, rep_kind, rep_seg)
+        if want_replicas:
+            _prefetch_descriptors(m, cand, size_bytes, rep_id, rep_offset)
+        for t in range(m):
+            i = b + t
+            r = hk.verified_row(i, cand[t], arena, key_refs, row_tenant, offsets, data, tenants)
+            if r == hk.PROBE_ON:
+                s = offsets[i]
+                r = hk.find_row(table, arena, key_refs, row_tenant, data, s, offsets[i + 1] - s,
+                                hk.tenant_at(tenants, i), hs[t])
+            code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
+            codes[i] = code
+            if code != OK:
+                continue
+            if grant_read_lease(r, now, ttl_ns, lease, flags):
+                grant_group_read_lease(r, now, ttl_ns, lease, flags, group_next)
+            rows[t] = r
+        if not want_replicas:
+            continue
+        need = k + _readable_count(b, m, codes, rows, rep_status, rep_kind, rep_seg, seg_readable, more)
+        if need > out_i.shape[0]:  # a wide object's continuation rows: more than n * width
+            out_i, out_id, out_seg = _grown(out_i, need), _grown(out_id, need), _grown(out_seg, need)
+            out_addr, out_size = _grown(out_addr, need), _grown(out_size, need)
+        for t in range(m):  # the descriptors: a second pass, so the loop above stays call-free
+            i = b + t
+            if codes[i] != OK:
+                continue
+            rr = rows[t]
+            while rr >= 0:
+                for j in range(rep_status.shape[1]):
+                    kind = rep_kind[rr, j]
+                    if not is_readable_replica(rep_status[rr, j], kind, rep_seg[rr, j], seg_readable):
+                        continue
+                    s = rep_seg[rr, j] if kind == _MEM_KIND else other
+                    out_i[k] = i
+                    out_id[k] = rep_id[rr, j]
+                    out_seg[k] = s
+                    out_addr[k] = seg_base[s] + rep_offset[rr, j]
+                    out_size[k] = size_bytes[rr]
+                    k += 1
+                rr = next_row(more, rr)
+    return out_i[:k], out_id[:k], out_seg[:k], out_addr[:k], out_size[:k]
+
+
+_read_batch_nogil = variant(_read_batch, "_nogil", nogil=True)
+
+
+def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
+    """See :func:`_read_batch` (drops the GIL for batches, see :mod:`.dispatch`)."""
+    if offsets.shape[0] <= BATCH_MIN:
+        return _read_batch(table, arena, key_refs, row_tenant, offsets, *args)
+    return _read_batch_nogil(table, arena, key_refs, row_tenant, offsets, *args)
+
+
+@njit(cache=True)
+def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_next,
+             rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes):
+    """Single-key get_replica_list and exist_key: ``(code, row, count, replica_id, kind,
+    segment, offset, size)`` with the lease granted on OK. ``count``: the object's readable
+    replicas (on OK); when it is 1, the rest are that replica's slot values (its row's size),
+    so the caller builds its one descriptor without reading the columns again (else they are
+    0). ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is
+    allocated either."""
+    n = len(key)
+    h = hk.hash_key(key, 0, n, tenant)
+    r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, n, tenant, h)
+    code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
+    count = 0
+    rid = np.uint64(0)  # the replica id column's dtype (a uint64 boxes to an exact Python int)
+    kind = seg = offset = size = 0  # int(): plain ints under NUMBA_DISABLE_JIT too
+    if code == OK:
+        if grant_read_lease(r, now, ttl_ns, lease, flags):
+            grant_group_read_lease(r, now, ttl_ns, lease, flags, group_next)
+        rr = r
+        while rr >= 0:
+            for j in range(rep_status.shape[1]):
+                if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
+                    count += 1
+                    if count == 1:
+                        rid = int(rep_id[rr, j])
+                        kind = int(rep_kind[rr, j])
+                        seg = int(rep_seg[rr, j])
+                        offset = int(rep_offset[rr, j])
+                        size = int(size_bytes[rr])
+            rr = next_row(more, rr)
+    if count != 1:
+        rid = np.uint64(0)
+        kind = seg = offset = size = 0
+    return code, r, count, rid, kind, seg, offset, size
