@@ -310,6 +310,19 @@ def listing_bound(ratio: float, now, rows_hw, tenant, only_tenant, flags, lease,
     return _bound(deadlines, math.ceil(want), deadlines.size)
 
 
+def _listed_here(codes: np.ndarray, code: int, count: int, lease: np.ndarray, k: int) -> Listed:
+    """At least the ``k`` earliest rows coded ``code``: those at or below a sampled bound, or
+    all of them when the sample misjudges."""
+    if k < count // 4:
+        bound = _bound(_sample_coded(codes, code, lease, max(1, codes.size // _SAMPLE)), k, count)
+        if bound is not None:
+            rows = rows_coded(codes, code, lease, bound)
+            if rows.size >= k:
+                return Listed(rows, lease[rows])
+    rows = rows_coded(codes, code, lease, None)
+    return Listed(rows, lease[rows])
+
+
 def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, k: int,
                    listed: Listed | None = None) -> np.ndarray:
     """The rows ``earliest_first(rows_coded(codes, code), lease, k)`` returns (``count`` rows have
@@ -318,18 +331,9 @@ def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, 
     used when it holds at least ``k`` rows, else the candidates are listed here."""
     if k <= 0 or count == 0:
         return np.zeros(0, np.int64)
-    if listed is not None and listed.rows.size >= k:
-        rows, keys = listed
-    else:
-        rows = None
-        if k < count // 4:
-            bound = _bound(_sample_coded(codes, code, lease, max(1, codes.size // _SAMPLE)), k, count)
-            if bound is not None:
-                rows = rows_coded(codes, code, lease, bound)
-                rows = rows if rows.size >= k else None
-        if rows is None:
-            rows = rows_coded(codes, code, lease, None)
-        keys = lease[rows]
+    if listed is None or listed.rows.size < k:
+        listed = _listed_here(codes, code, count, lease, k)
+    rows, keys = listed
     if k >= rows.size:
         return rows
     return _before(rows, keys, _kth(keys, k), k)
