@@ -258,4 +258,5 @@ def test_a_cycle_over_thousands_of_candidates_evicts_the_earliest_deadlines_ties
     candidates = np.flatnonzero(~live)
     gone = candidates[np.lexsort((candidates, lease[candidates]))][:want]
     assert report.base == hw and report.evicted_objects == want
+    assert 0 < report.census_s + report.plan_s + report.apply_s <= report.duration_s
     assert survivors(m) == set(keys_before) - {keys_before[r] for r in gone}
