@@ -233,8 +233,11 @@ def _bound(sample: np.ndarray, k: int, count: int) -> int | None:
     return int(sample[min(sample.size - 1, int(sample.size * k / count * 1.25) + 64)])
 
 
-def _kth(keys: np.ndarray, k: int) -> int:
-    return int(np.partition(keys, k - 1)[k - 1])
+def _kth(keys: np.ndarray, k: int) -> tuple[int, int]:
+    """The k-th smallest of ``keys``, and how many of the k smallest equal it."""
+    part = np.partition(keys, k - 1)
+    kth = part[k - 1]
+    return int(kth), k - int(np.count_nonzero(part[:k] < kth))
 
 
 def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
@@ -252,48 +255,28 @@ def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
             bound = _bound(lease[rows[:: rows.size // _SAMPLE]], k, rows.size)
             kept = _at_most(rows, lease, bound) if bound is not None else rows
             rows = kept if kept.size >= k else rows
-        rows = _at_most(rows, lease, _kth(lease[rows], k))
+        rows = _at_most(rows, lease, _kth(lease[rows], k)[0])
     return rows[np.argsort(lease[rows], kind="stable")][:k]  # stable: ties stay in (ascending) row order
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _before(rows, keys, kth, k):
-    """The ``k`` rows with the earliest deadlines (``keys``, aligned with ``rows``) given the k-th
-    one, ``kth``: every row before it and the first rows (in input order) at it. Parallel:
-    chunks count, the ties are handed out in chunk order, chunks fill."""
-    n = rows.shape[0]
-    step = (n + _CHUNKS - 1) // _CHUNKS
-    less = np.zeros(_CHUNKS, np.int64)
-    equal = np.zeros(_CHUNKS, np.int64)
-    for c in prange(_CHUNKS):
-        for i in range(c * step, min(n, (c + 1) * step)):
-            d = keys[i]
-            if d < kth:
-                less[c] += 1
-            elif d == kth:
-                equal[c] += 1
-    ties = k - less.sum()
-    start = np.zeros(_CHUNKS + 1, np.int64)
-    for c in range(_CHUNKS):
-        take = min(equal[c], max(ties, 0))
-        ties -= take
-        equal[c] = take
-        start[c + 1] = start[c] + less[c] + take
-    out = np.empty(start[_CHUNKS], np.int64)
-    for c in prange(_CHUNKS):
-        o = start[c]
-        budget = equal[c]
-        for i in range(c * step, min(n, (c + 1) * step)):
-            d = keys[i]
-            if d < kth:
-                out[o] = rows[i]
-                o += 1
-            elif d == kth:
-                if budget > 0:
-                    budget -= 1
-                    out[o] = rows[i]
-                    o += 1
-    return out
+@njit(cache=True, nogil=True)
+def _before(rows, keys, kth, ties):
+    """The rows whose deadline (``keys``, aligned with ``rows``) is before the k-th one, ``kth``,
+    and the first ``ties`` rows (in input order) at it. One serial pass: a parallel one costs
+    more in thread hand-offs than it saves at the sizes listed here."""
+    out = np.empty(rows.shape[0], np.int64)
+    n = 0
+    for i in range(rows.shape[0]):
+        d = keys[i]
+        if d < kth:
+            out[n] = rows[i]
+            n += 1
+        elif d == kth:
+            if ties > 0:
+                ties -= 1
+                out[n] = rows[i]
+                n += 1
+    return out[:n]
 
 
 def listing_bound(ratio: float, now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind,
@@ -336,7 +319,7 @@ def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, 
     rows, keys = listed
     if k >= rows.size:
         return rows
-    return _before(rows, keys, _kth(keys, k), k)
+    return _before(rows, keys, *_kth(keys, k))
 
 
 @njit(cache=True, nogil=True)
