@@ -30,6 +30,17 @@ class Listed(NamedTuple):
     deadlines: np.ndarray
 
 
+@njit(cache=True, nogil=True)
+def _packed(buffer, chunk, found):
+    """The first found[c] entries of every chunk's region buffer[c * chunk:], packed in order."""
+    out = np.empty(found.sum(), buffer.dtype)
+    k = 0
+    for c in range(found.shape[0]):
+        out[k:k + found[c]] = buffer[c * chunk:c * chunk + found[c]]
+        k += found[c]
+    return out
+
+
 @njit(inline="always", cache=True)
 def _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt,
               seg_readable, more):
@@ -157,12 +168,7 @@ def census_sample(step, now, rows_hw, tenant, only_tenant, flags, lease, soft_de
                 k += 1
         per_code[c] = counts
         found[c] = k - c * chunk
-    deadlines = np.empty(found.sum(), np.int64)
-    k = 0
-    for c in range(_CHUNKS):
-        deadlines[k:k + found[c]] = out[c * chunk:c * chunk + found[c]]
-        k += found[c]
-    return per_code.sum(axis=0), deadlines
+    return per_code.sum(axis=0), _packed(out, chunk, found)
 
 
 # Codes the planner gives the rows it takes: by a no-pin pass, or by the soft-pinned fallback.
@@ -189,12 +195,7 @@ def rows_coded(codes, code, lease, bound):
             found[k] = r
             k += 1
         count[c] = k - c * chunk
-    out = np.empty(count.sum(), np.int64)
-    k = 0
-    for c in range(_CHUNKS):
-        out[k:k + count[c]] = found[c * chunk:c * chunk + count[c]]
-        k += count[c]
-    return out
+    return _packed(found, chunk, count)
 
 
 _SAMPLE = 1 << 16
