@@ -6,6 +6,9 @@ stall the embedding process.
 """
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
@@ -19,55 +22,153 @@ NOT_IN_BASE, IN_BASE, NO_PIN_CANDIDATE, SOFT_PINNED_CANDIDATE = 0, 1, 2, 3
 _CHUNKS = 64
 
 
+class Listed(NamedTuple):
+    """Candidate rows (ascending) and their deadlines: every candidate whose deadline is at or
+    below some bound, so the earliest ones among them are the earliest of all candidates."""
+
+    rows: np.ndarray
+    deadlines: np.ndarray
+
+
+@njit(cache=True, nogil=True)
+def _packed(buffer, chunk, found):
+    """The first found[c] entries of every chunk's region buffer[c * chunk:], packed in order."""
+    out = np.empty(found.sum(), buffer.dtype)
+    k = 0
+    for c in range(found.shape[0]):
+        out[k:k + found[c]] = buffer[c * chunk:c * chunk + found[c]]
+        k += found[c]
+    return out
+
+
+@njit(inline="always", cache=True)
+def _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt,
+              seg_readable, more):
+    """Row ``r``'s census code, and its complete memory replicas kept out only by readability
+    (the RFC guard's skips; counted only for rows that would otherwise be candidates)."""
+    f = flags[r]
+    if not is_live(f):
+        return NOT_IN_BASE, 0
+    if is_hard_pinned(f):
+        return NOT_IN_BASE, 0
+    if only_tenant >= 0:
+        if tenant[r] != only_tenant:
+            return NOT_IN_BASE, 0
+    if not object_has_evictable_memory_replica(r, status, kind, segment, refcnt, seg_readable, more):
+        skipped = 0
+        if lease_expired(lease[r], now):
+            rr = np.int64(r)
+            while rr >= 0:
+                for j in range(status.shape[1]):
+                    if is_unreadable_memory_replica(status[rr, j], kind[rr, j], segment[rr, j],
+                                                    refcnt[rr, j], seg_readable):
+                        skipped += 1
+                rr = next_row(more, rr)
+        return NOT_IN_BASE, skipped
+    if not lease_expired(lease[r], now):
+        return IN_BASE, 0
+    if soft_pin_active(f, soft_deadline, r, now):
+        return SOFT_PINNED_CANDIDATE, 0
+    return NO_PIN_CANDIDATE, 0
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
-           status, kind, segment, refcnt, seg_readable, more):
+def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt,
+            seg_readable, more, listing, bound):
+    """:func:`census`, and when ``listing`` the NO_PIN_CANDIDATE rows whose deadline is <= bound
+    with their deadlines, ascending, from the same pass: each chunk writes them at its own
+    start of a row-sized buffer (only the pages written are touched), then the chunks are
+    packed."""
+    codes = np.zeros(rows_hw, np.uint8)
+    chunk = (rows_hw + _CHUNKS - 1) // _CHUNKS
+    skipped = np.zeros(_CHUNKS, np.int64)
+    per_code = np.zeros((_CHUNKS, 4), np.int64)
+    room = rows_hw if listing else 0
+    found_rows = np.empty(room, np.int64)
+    found_lease = np.empty(room, np.int64)
+    found = np.zeros(_CHUNKS, np.int64)
+    for c in prange(_CHUNKS):
+        local_skipped = in_base = no_pin = soft = k = 0
+        for r in range(c * chunk, min(rows_hw, (c + 1) * chunk)):
+            code, skips = _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, kind,
+                                    segment, refcnt, seg_readable, more)
+            if code == NOT_IN_BASE:
+                local_skipped += skips
+                continue
+            codes[r] = code
+            if code == IN_BASE:
+                in_base += 1
+            elif code == SOFT_PINNED_CANDIDATE:
+                soft += 1
+            else:
+                no_pin += 1
+                if listing:
+                    if lease[r] <= bound:
+                        found_rows[c * chunk + k] = r
+                        found_lease[c * chunk + k] = lease[r]
+                        k += 1
+        per_code[c, IN_BASE] = in_base
+        per_code[c, NO_PIN_CANDIDATE] = no_pin
+        per_code[c, SOFT_PINNED_CANDIDATE] = soft
+        per_code[c, NOT_IN_BASE] = max(0, min(rows_hw, (c + 1) * chunk) - c * chunk) - in_base - no_pin - soft
+        skipped[c] = local_skipped
+        found[c] = k
+    listed_rows = np.empty(found.sum(), np.int64)
+    listed_lease = np.empty(found.sum(), np.int64)
+    k = 0
+    for c in range(_CHUNKS):
+        listed_rows[k:k + found[c]] = found_rows[c * chunk:c * chunk + found[c]]
+        listed_lease[k:k + found[c]] = found_lease[c * chunk:c * chunk + found[c]]
+        k += found[c]
+    return codes, per_code.sum(axis=0), skipped.sum(), listed_rows, listed_lease
+
+
+def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt,
+           seg_readable, more):
     """Classify every row (in parallel chunks): NOT_IN_BASE, IN_BASE (evictable replica, lease
     live), NO_PIN_CANDIDATE or SOFT_PINNED_CANDIDATE (lease expired); ``only_tenant`` >= 0
     restricts everything to one tenant. Returns (codes, rows per code, complete memory replicas
     kept out only by readability: the RFC guard's skips). Candidates stay codes: listing 10M
     rows would cost more than the rest of a cycle."""
-    codes = np.zeros(rows_hw, np.uint8)
-    chunk = (rows_hw + _CHUNKS - 1) // _CHUNKS
-    skipped = np.zeros(_CHUNKS, np.int64)
+    return _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
+                   refcnt, seg_readable, more, False, 0)[:3]
+
+
+def census_listing(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
+                   refcnt, seg_readable, more, bound):
+    """:func:`census` plus ``Listed``: the NO_PIN_CANDIDATE rows whose deadline is <= ``bound``
+    (ascending) and their deadlines, found in the same pass."""
+    codes, counts, skipped, rows, deadlines = _census(now, rows_hw, tenant, only_tenant, flags, lease,
+                                                      soft_deadline, status, kind, segment, refcnt,
+                                                      seg_readable, more, True, bound)
+    return codes, counts, skipped, Listed(rows, deadlines)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def census_sample(step, now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind,
+                  segment, refcnt, seg_readable, more):
+    """The census of every ``step``-th row: (rows per code, deadlines of its NO_PIN_CANDIDATE
+    rows), to bound the earliest deadlines before the census lists them. (Parallel chunks: the
+    serial compilation of this loop body runs about ten times slower per row.)"""
+    samples = (rows_hw + step - 1) // step
+    chunk = (samples + _CHUNKS - 1) // _CHUNKS
     per_code = np.zeros((_CHUNKS, 4), np.int64)
+    out = np.empty(samples, np.int64)
+    found = np.zeros(_CHUNKS, np.int64)
     for c in prange(_CHUNKS):
-        local_skipped = in_base = no_pin = soft = 0
-        for r in range(c * chunk, min(rows_hw, (c + 1) * chunk)):
-            f = flags[r]
-            if not is_live(f):
-                continue
-            if is_hard_pinned(f):
-                continue
-            if only_tenant >= 0:
-                if tenant[r] != only_tenant:
-                    continue
-            if not object_has_evictable_memory_replica(r, status, kind, segment, refcnt, seg_readable, more):
-                if lease_expired(lease[r], now):
-                    rr = np.int64(r)
-                    while rr >= 0:
-                        for j in range(status.shape[1]):
-                            if is_unreadable_memory_replica(status[rr, j], kind[rr, j], segment[rr, j],
-                                                            refcnt[rr, j], seg_readable):
-                                local_skipped += 1
-                        rr = next_row(more, rr)
-                continue
-            if not lease_expired(lease[r], now):
-                codes[r] = IN_BASE
-                in_base += 1
-            elif soft_pin_active(f, soft_deadline, r, now):
-                codes[r] = SOFT_PINNED_CANDIDATE
-                soft += 1
-            else:
-                codes[r] = NO_PIN_CANDIDATE
-                no_pin += 1
-        per_code[c, IN_BASE] = in_base
-        per_code[c, NO_PIN_CANDIDATE] = no_pin
-        per_code[c, SOFT_PINNED_CANDIDATE] = soft
-        rows_in_chunk = max(0, min(rows_hw, (c + 1) * chunk) - c * chunk)
-        per_code[c, NOT_IN_BASE] = rows_in_chunk - in_base - no_pin - soft
-        skipped[c] = local_skipped
-    return codes, per_code.sum(axis=0), skipped.sum()
+        k = c * chunk
+        counts = np.zeros(4, np.int64)
+        for i in range(c * chunk, min(samples, (c + 1) * chunk)):
+            r = i * step
+            code = _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
+                             refcnt, seg_readable, more)[0]
+            counts[code] += 1
+            if code == NO_PIN_CANDIDATE:
+                out[k] = lease[r]
+                k += 1
+        per_code[c] = counts
+        found[c] = k - c * chunk
+    return per_code.sum(axis=0), _packed(out, chunk, found)
 
 
 # Codes the planner gives the rows it takes: by a no-pin pass, or by the soft-pinned fallback.
@@ -94,15 +195,11 @@ def rows_coded(codes, code, lease, bound):
             found[k] = r
             k += 1
         count[c] = k - c * chunk
-    out = np.empty(count.sum(), np.int64)
-    k = 0
-    for c in range(_CHUNKS):
-        out[k:k + count[c]] = found[c * chunk:c * chunk + count[c]]
-        k += count[c]
-    return out
+    return _packed(found, chunk, count)
 
 
 _SAMPLE = 1 << 16
+_CENSUS_SAMPLE = 1 << 14  # each sampled row reads every census column: fewer than _SAMPLE
 
 
 @njit(cache=True, nogil=True)
@@ -137,10 +234,11 @@ def _bound(sample: np.ndarray, k: int, count: int) -> int | None:
     return int(sample[min(sample.size - 1, int(sample.size * k / count * 1.25) + 64)])
 
 
-def _kth(rows: np.ndarray, lease: np.ndarray, k: int) -> int:
-    keys = lease[rows]
-    keys.partition(k - 1)  # in place: no index array, no second copy
-    return int(keys[k - 1])
+def _kth(keys: np.ndarray, k: int) -> tuple[int, int]:
+    """The k-th smallest of ``keys``, and how many of the k smallest equal it."""
+    part = np.partition(keys, k - 1)
+    kth = part[k - 1]
+    return int(kth), k - int(np.count_nonzero(part[:k] < kth))
 
 
 def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
@@ -158,66 +256,71 @@ def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
             bound = _bound(lease[rows[:: rows.size // _SAMPLE]], k, rows.size)
             kept = _at_most(rows, lease, bound) if bound is not None else rows
             rows = kept if kept.size >= k else rows
-        rows = _at_most(rows, lease, _kth(rows, lease, k))
+        rows = _at_most(rows, lease, _kth(lease[rows], k)[0])
     return rows[np.argsort(lease[rows], kind="stable")][:k]  # stable: ties stay in (ascending) row order
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _before(rows, lease, kth, k):
-    """The ``k`` rows with the earliest deadlines given the k-th one, ``kth``: every row before
-    it and the first rows (in input order) at it. Parallel: chunks count, the ties are handed
-    out in chunk order, chunks fill."""
-    n = rows.shape[0]
-    step = (n + _CHUNKS - 1) // _CHUNKS
-    less = np.zeros(_CHUNKS, np.int64)
-    equal = np.zeros(_CHUNKS, np.int64)
-    for c in prange(_CHUNKS):
-        for i in range(c * step, min(n, (c + 1) * step)):
-            d = lease[rows[i]]
-            if d < kth:
-                less[c] += 1
-            elif d == kth:
-                equal[c] += 1
-    ties = k - less.sum()
-    start = np.zeros(_CHUNKS + 1, np.int64)
-    for c in range(_CHUNKS):
-        take = min(equal[c], max(ties, 0))
-        ties -= take
-        equal[c] = take
-        start[c + 1] = start[c] + less[c] + take
-    out = np.empty(start[_CHUNKS], np.int64)
-    for c in prange(_CHUNKS):
-        o = start[c]
-        budget = equal[c]
-        for i in range(c * step, min(n, (c + 1) * step)):
-            d = lease[rows[i]]
-            if d < kth:
-                out[o] = rows[i]
-                o += 1
-            elif d == kth:
-                if budget > 0:
-                    budget -= 1
-                    out[o] = rows[i]
-                    o += 1
-    return out
+@njit(cache=True, nogil=True)
+def _before(rows, keys, kth, ties):
+    """The rows whose deadline (``keys``, aligned with ``rows``) is before the k-th one, ``kth``,
+    and the first ``ties`` rows (in input order) at it. One serial pass: a parallel one costs
+    more in thread hand-offs than it saves at the sizes listed here."""
+    out = np.empty(rows.shape[0], np.int64)
+    n = 0
+    for i in range(rows.shape[0]):
+        d = keys[i]
+        if d < kth:
+            out[n] = rows[i]
+            n += 1
+        elif d == kth:
+            if ties > 0:
+                ties -= 1
+                out[n] = rows[i]
+                n += 1
+    return out[:n]
 
 
-def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, k: int) -> np.ndarray:
-    """The rows ``earliest_first(rows_coded(codes, code), lease, k)`` returns (``count`` rows have
-    ``code``), in ascending row order, without listing every candidate or sorting."""
-    if k <= 0 or count == 0:
-        return np.zeros(0, np.int64)
-    rows = None
+def listing_bound(ratio: float, now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind,
+                  segment, refcnt, seg_readable, more) -> int | None:
+    """A deadline that probably has a little more than the first pass's ``ratio`` of the base at
+    or below it, judged by the census of a strided sample, for :func:`census_listing` (same
+    arguments as :func:`census`); None when that pass takes most candidates anyway (listing them
+    saves nothing) or the sample is too small."""
+    counts, deadlines = census_sample(max(1, rows_hw // _CENSUS_SAMPLE), now, rows_hw, tenant, only_tenant, flags,
+                                      lease, soft_deadline, status, kind, segment, refcnt, seg_readable, more)
+    want = ratio * int(counts[IN_BASE] + counts[NO_PIN_CANDIDATE] + counts[SOFT_PINNED_CANDIDATE])
+    if not 0 < want < deadlines.size // 4:
+        return None
+    return _bound(deadlines, math.ceil(want), deadlines.size)
+
+
+def _listed_here(codes: np.ndarray, code: int, count: int, lease: np.ndarray, k: int) -> Listed:
+    """At least the ``k`` earliest rows coded ``code``: those at or below a sampled bound, or
+    all of them when the sample misjudges."""
     if k < count // 4:
         bound = _bound(_sample_coded(codes, code, lease, max(1, codes.size // _SAMPLE)), k, count)
         if bound is not None:
             rows = rows_coded(codes, code, lease, bound)
-            rows = rows if rows.size >= k else None
-    if rows is None:
-        rows = rows_coded(codes, code, lease, None)
+            if rows.size >= k:
+                return Listed(rows, lease[rows])
+    rows = rows_coded(codes, code, lease, None)
+    return Listed(rows, lease[rows])
+
+
+def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, k: int,
+                   listed: Listed | None = None) -> np.ndarray:
+    """The rows ``earliest_first(rows_coded(codes, code), lease, k)`` returns (``count`` rows have
+    ``code``), in ascending row order, without listing every candidate or sorting. ``listed``:
+    the rows coded ``code`` whose deadline is at or below some bound (:func:`census_listing`);
+    used when it holds at least ``k`` rows, else the candidates are listed here."""
+    if k <= 0 or count == 0:
+        return np.zeros(0, np.int64)
+    if listed is None or listed.rows.size < k:
+        listed = _listed_here(codes, code, count, lease, k)
+    rows, keys = listed
     if k >= rows.size:
         return rows
-    return _before(rows, lease, _kth(rows, lease, k), k)
+    return _before(rows, keys, *_kth(keys, k))
 
 
 @njit(cache=True, nogil=True)

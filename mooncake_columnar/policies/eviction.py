@@ -70,6 +70,11 @@ class EvictionReport:
     skipped_unreadable: int
     offloads_queued: int
     duration_s: float
+    # where the cycle's time went: the census (with its sample), choosing and re-validating the
+    # plan, and applying it (frees, key index, rows; with a journal, hiding the rows)
+    census_s: float = 0.0
+    plan_s: float = 0.0
+    apply_s: float = 0.0
 
 
 def memory_used_ratio(m: "MasterService") -> float:
@@ -97,14 +102,21 @@ class _Planner:
     becomes PLANNED (or PLANNED_SOFT, by the fallback), so later passes skip it.
     """
 
-    def __init__(self, m: "MasterService", now: int, tenant: int = -1) -> None:
+    def __init__(self, m: "MasterService", now: int, tenant: int = -1, first_ratio: float | None = None) -> None:
+        """``first_ratio``: the first pass takes that share of the base, so the census also
+        lists the candidates that pass is likely to need (no second pass over every row)."""
         self.m = m
         self.now = now
         o = m.store.objects
-        self.codes, self.counts, skipped = ek.census(
-            now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, m.store.soft_pins.parts(),
-            o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt, m.store.segments.readable,
-            o.replica_more)
+        columns = (now, o.high_water, o.tenant, tenant, o.flags, o.lease_deadline_ns, m.store.soft_pins.parts(),
+                   o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
+                   m.store.segments.readable, o.replica_more)
+        bound = None if first_ratio is None else ek.listing_bound(first_ratio, *columns)
+        self.listed: ek.Listed | None = None
+        if bound is None:
+            self.codes, self.counts, skipped = ek.census(*columns)
+        else:
+            self.codes, self.counts, skipped, self.listed = ek.census_listing(*columns, bound)
         self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
                         + self.counts[ek.SOFT_PINNED_CANDIDATE])
@@ -122,7 +134,7 @@ class _Planner:
         if want_bytes == INT64_MAX and self.picked is not None:
             # usual case: no group among the earliest candidates, so the plan is exactly that
             # set, found without listing every candidate or sorting (plan() orders by row)
-            chosen = ek.earliest_coded(self.codes, code, count, o.lease_deadline_ns, want)
+            chosen = ek.earliest_coded(self.codes, code, count, o.lease_deadline_ns, want, self._listed(code))
             if not ek.any_grouped(chosen, o.flags):
                 return self._mark(chosen, code, mark)
         self.picked = None  # from here on plan() lists the rows coded PLANNED*
@@ -141,6 +153,15 @@ class _Planner:
                 break
         self.count += planned
         return planned
+
+    def _listed(self, code: int) -> ek.Listed | None:
+        """The census's listed rows still coded ``code`` (rows planned since then are not)."""
+        if code != ek.NO_PIN_CANDIDATE or self.listed is None:
+            return None
+        if self.count == 0:  # nothing planned since the census
+            return self.listed
+        keep = self.codes[self.listed.rows] == code
+        return ek.Listed(self.listed.rows[keep], self.listed.deadlines[keep])
 
     def _mark(self, rows: np.ndarray, code: int, mark: int) -> int:
         self.codes[rows] = mark
@@ -170,7 +191,7 @@ class _Planner:
 
 def first_pass_plan(m: "MasterService", target: float) -> EvictionPlan:
     """What a first pass at ``target`` would remove, without removing it."""
-    planner = _Planner(m, m.clocks.steady_ns())
+    planner = _Planner(m, m.clocks.steady_ns(), first_ratio=target)
     planner.take(ek.NO_PIN_CANDIDATE, math.ceil(planner.base * target), allow_soft=False)
     return planner.plan()
 
@@ -181,13 +202,14 @@ def batch_evict(m: "MasterService", target: float, lower: float) -> EvictionRepo
     lower = min(lower, target)
     now = m.clocks.steady_ns()
     allow_soft = m.config.allow_evict_soft_pinned_objects
-    planner = _Planner(m, now)
+    planner = _Planner(m, now, first_ratio=target)
+    t_census = time.perf_counter()
     base, skipped = planner.base, planner.skipped
     m.metrics.inc("eviction_attempts")
     m.metrics.inc("eviction_skipped_unreadable_replicas", skipped)
     if base == 0:
         m.eviction_armed = False
-        return EvictionReport(target, lower, 0, 0, 0, 0, skipped, 0, time.perf_counter() - t0)
+        return EvictionReport(target, lower, 0, 0, 0, 0, skipped, 0, time.perf_counter() - t0, t_census - t0)
     nopin, soft = ek.NO_PIN_CANDIDATE, ek.SOFT_PINNED_CANDIDATE
     planner.take(nopin, math.ceil(base * target), allow_soft=False)          # first pass
     released = m.store.release_discarded(m.clocks.system_ns() // 1_000_000)
@@ -197,14 +219,16 @@ def batch_evict(m: "MasterService", target: float, lower: float) -> EvictionRepo
         if got < second and allow_soft:
             planner.take(soft, second - got, allow_soft=True)                 # soft-pinned fallback
     plan = planner.plan()
+    t_plan = time.perf_counter()
     evicted, freed, queued = apply_eviction(m, plan)
+    t_apply = time.perf_counter()
     if evicted or released or queued:
         m.eviction_armed = False
         m.metrics.inc("eviction_success")
     else:
         m.metrics.inc("eviction_failure")
     report = EvictionReport(target, lower, int(base), evicted, freed, released, int(skipped), queued,
-                            time.perf_counter() - t0)
+                            time.perf_counter() - t0, t_census - t0, t_plan - t_census, t_apply - t_plan)
     m.metrics.inc("evicted_objects", evicted)
     m.metrics.inc("evicted_bytes", freed)
     m.metrics.set("eviction_duration_seconds", report.duration_s)

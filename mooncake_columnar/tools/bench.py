@@ -345,7 +345,8 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
 
 def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: float = 0.05,
                 show_progress: bool = False) -> dict:
-    """One BatchEvict cycle of ``ratio`` over N expired objects with seeded random lease deadlines."""
+    """One BatchEvict cycle of ``ratio`` over N expired objects with seeded random lease deadlines,
+    and its three parts (census, plan, apply), each also as a ratio to the lease-column copy."""
     # JIT warm-up, big enough for every path a large cycle takes (bulk index deletes are parallel)
     build_master(100_000, segments=segments, replicas=replicas).evict(target=max(ratio, 0.05))
     clocks = ManualClocks()
@@ -368,8 +369,14 @@ def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: fl
         "evicted_objects": report.evicted_objects,
         "evicted_bytes": report.evicted_bytes,
         "evict_seconds": evict_s,
+        "census_seconds": report.census_s,
+        "plan_seconds": report.plan_s,
+        "apply_seconds": report.apply_s,
         "baseline_copy_seconds": copy_s,
         "ratio_to_baseline": evict_s / copy_s,
+        "census_ratio_to_baseline": report.census_s / copy_s,
+        "plan_ratio_to_baseline": report.plan_s / copy_s,
+        "apply_ratio_to_baseline": report.apply_s / copy_s,
         "peak_rss_bytes": peak_rss_bytes(),
     }
 

@@ -73,6 +73,25 @@ def test_census_and_selection_match_slow_numpy(t, allow_soft, k):
     assert unsorted.tolist() == sorted(expect)
 
 
+@settings(max_examples=300, deadline=None)
+@given(t=tables(), bound=I64, k=st.integers(0, 50))
+def test_census_listing_lists_the_candidates_at_or_below_the_bound_in_the_same_pass(t, bound, k):
+    now, flags, lease, soft, status, kind, seg, refcnt, readable = t
+    n = flags.size
+    columns = (now, n, np.zeros(n, np.int32), -1, flags, lease, soft, status, kind, seg, refcnt, readable,
+               np.empty(0, np.int32))
+    codes, counts, skipped = ek.census(*columns)
+    listed_codes, listed_counts, listed_skipped, listed = ek.census_listing(*columns, bound)
+    assert np.array_equal(listed_codes, codes) and np.array_equal(listed_counts, counts)
+    assert listed_skipped == skipped
+    nopin = ek.rows_coded(codes, ek.NO_PIN_CANDIDATE, lease, None)
+    assert listed.rows.tolist() == [r for r in nopin.tolist() if lease[r] <= bound]
+    assert np.array_equal(listed.deadlines, lease[listed.rows])
+    # the earliest k, whether the listing holds them all or (too few listed) is passed over
+    expect = sorted(sorted(nopin.tolist(), key=lambda r: (lease[r], r))[:k])
+    assert ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, nopin.size, lease, k, listed).tolist() == expect
+
+
 def _and_operands(node):
     """The operands of an ``&`` / ``and`` chain (nested chains flattened)."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
@@ -128,3 +147,24 @@ def test_sampled_selection_matches_full_sort():
         expect = rows[np.lexsort((rows, lease[rows]))][:k]
         assert np.array_equal(ek.earliest_first(rows, lease, k), expect)
         assert np.array_equal(ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, rows.size, lease, k), np.sort(expect))
+
+
+def test_listing_bound_of_a_sample_covers_the_first_pass_and_a_short_listing_is_passed_over():
+    rng = np.random.default_rng(5)
+    n = 200_000
+    lease = rng.integers(-(2**40), 0, n)
+    lease[rng.integers(0, n, 20_000)] = -7  # many ties
+    flags = np.full(n, FLAG_LIVE, np.uint8)
+    status = np.full((n, 1), ST_COMPLETE, np.uint8)
+    columns = (0, n, np.zeros(n, np.int32), -1, flags, lease, lease, status, np.full((n, 1), KIND_MEMORY, np.uint8),
+               np.zeros((n, 1), np.int32), np.zeros((n, 1), np.uint16), np.ones(1, np.bool_), np.empty(0, np.int32))
+    k = n // 20
+    expect = np.sort(np.lexsort((np.arange(n), lease))[:k])
+    bound = ek.listing_bound(0.05, *columns)
+    assert bound is not None
+    codes, _, _, listed = ek.census_listing(*columns, bound)
+    assert k <= listed.rows.size < n // 10  # a little more than the pass takes, not every candidate
+    assert np.array_equal(ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, n, lease, k, listed), expect)
+    short = ek.Listed(listed.rows[: k - 1], listed.deadlines[: k - 1])
+    assert np.array_equal(ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, n, lease, k, short), expect)
+    assert ek.listing_bound(0.5, *columns) is None  # the pass takes most candidates: nothing to list
