@@ -108,15 +108,11 @@ def first_call_figures(tmp: Path, advance: Callable[[int], None] = lambda n: Non
     floor = fresh(_FLOOR, "floor")
     empty = fresh(_FIRST_CALL, "cache")
     filled = fresh(_FIRST_CALL, "cache")  # the cache the previous process left
-    return {
-        "import_seconds": empty["import"],
-        "floor_seconds_import_and_one_kernel": floor["first_call"],
-        "first_call_seconds_empty_cache": empty["first_call"],
-        "first_call_cpu_seconds_empty_cache": empty["cpu"],
-        "first_call_process_seconds_empty_cache": empty["process"],
-        "first_call_seconds_filled_cache": filled["first_call"],
-        "first_call_cpu_seconds_filled_cache": filled["cpu"],
-        "first_call_process_seconds_filled_cache": filled["process"],
+    out = {"import_seconds": empty["import"], "floor_seconds_import_and_one_kernel": floor["first_call"]}
+    for cache, ran in (("empty_cache", empty), ("filled_cache", filled)):
+        out |= {f"first_call_seconds_{cache}": ran["first_call"], f"first_call_cpu_seconds_{cache}": ran["cpu"],
+                f"first_call_process_seconds_{cache}": ran["process"]}
+    return out | {
         "first_call_ratio_empty_to_floor": empty["first_call"] / floor["first_call"],
         "first_call_ratio_filled_to_import": filled["first_call"] / empty["import"],
         "kernels_compiled_at_import": empty["at_import"],
