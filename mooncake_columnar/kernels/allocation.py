@@ -11,9 +11,52 @@ express the layout. Segments up to 3.75 GiB have 1-byte units: byte-exact extent
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.typed import List
 
 from .dispatch import BATCH_MIN, variant
+from .moves import move
+
+
+_EXTENTS = types.int64[::1]
+
+
+@njit(cache=True)
+def new_extent_lists():
+    """Empty (starts, lengths) typed Lists. The lists are made and changed in cached kernels
+    (this one, :func:`grow_extent_lists`, :func:`free_whole_segment`, :func:`install_extents`):
+    Numba compiles its typed-List methods called from Python again in every process, cache or
+    not (about a second of a master's construction and first mount on this host)."""
+    return List.empty_list(_EXTENTS), List.empty_list(_EXTENTS)
+
+
+@njit(cache=True)
+def grow_extent_lists(starts, lengths, count):
+    """Append ``count`` empty extent arrays to each list."""
+    for _ in range(count):
+        starts.append(np.empty(8, np.int64))
+        lengths.append(np.empty(8, np.int64))
+
+
+@njit(cache=True)
+def free_whole_segment(starts, lengths, counts, s, size):
+    """One free extent covering segment ``s`` (a mount: its arrays hold at least one)."""
+    starts[s][0] = 0
+    lengths[s][0] = size
+    counts[s] = 1
+
+
+@njit(cache=True)
+def install_extents(starts, lengths, counts, s, st, ln):
+    """Make ``st``/``ln`` (copied, with room to grow) the free extents of segment ``s``."""
+    n = st.shape[0]
+    new_st = np.empty(n + max(8, n), np.int64)
+    new_ln = np.empty(n + max(8, n), np.int64)
+    move(new_st, 0, st, 0, n)
+    move(new_ln, 0, ln, 0, n)
+    starts[s] = new_st
+    lengths[s] = new_ln
+    counts[s] = n
 
 
 @njit(inline="always", cache=True)
@@ -41,8 +84,8 @@ def alloc_first_fit(starts, lengths, counts, unit_bits, capacity, s, size):
             if ln[i] < held or held & ((np.int64(1) << unit_bits[s]) - 1):
                 continue  # too short, or only the partial last unit: upstream cannot hold that
             if ln[i] == held:
-                st[i:n - 1] = st[i + 1:n].copy()
-                ln[i:n - 1] = ln[i + 1:n].copy()
+                move(st, i, st, i + 1, n - 1 - i)
+                move(ln, i, ln, i + 1, n - 1 - i)
                 counts[s] = n - 1
             else:
                 st[i] += held
@@ -68,8 +111,8 @@ def free_extent(starts, lengths, counts, used, unit_bits, capacity, s, offset, s
     merge_next = pos < n and offset + held == st[pos]
     if merge_prev and merge_next:
         ln[pos - 1] += held + ln[pos]
-        st[pos:n - 1] = st[pos + 1:n].copy()
-        ln[pos:n - 1] = ln[pos + 1:n].copy()
+        move(st, pos, st, pos + 1, n - 1 - pos)
+        move(ln, pos, ln, pos + 1, n - 1 - pos)
         counts[s] = n - 1
     elif merge_prev:
         ln[pos - 1] += held
@@ -80,14 +123,14 @@ def free_extent(starts, lengths, counts, used, unit_bits, capacity, s, offset, s
         if n == st.shape[0]:
             grown_st = np.empty(max(8, 2 * n), np.int64)
             grown_ln = np.empty(max(8, 2 * n), np.int64)
-            grown_st[:n] = st[:n]
-            grown_ln[:n] = ln[:n]
+            move(grown_st, 0, st, 0, n)
+            move(grown_ln, 0, ln, 0, n)
             starts[s] = grown_st
             lengths[s] = grown_ln
             st = grown_st
             ln = grown_ln
-        st[pos + 1:n + 1] = st[pos:n].copy()
-        ln[pos + 1:n + 1] = ln[pos:n].copy()
+        move(st, pos + 1, st, pos, n - pos)
+        move(ln, pos + 1, ln, pos, n - pos)
         st[pos] = offset
         ln[pos] = held
         counts[s] = n + 1

@@ -15,6 +15,7 @@ from . import allocation as ak
 from .chains import next_row
 from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
+from .moves import move
 from .prefetch import prefetch
 from .leases import commit_soft_pin, grant_until
 from .rowbits import bit, words_for
@@ -71,7 +72,7 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, u
             placed = _try_place(s, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts,
                                 out_seg, out_off)
     while placed < replica_num:
-        best = -1
+        best = np.int64(-1)
         best_free = -1
         for s in range(nseg):
             if allocatable[s] and not tried[s]:
@@ -141,7 +142,7 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
                 ex_id[extras] = next_replica_id
                 extras += 1
             next_replica_id += 1
-        arena[arena_used:arena_used + ln] = data[s:s + ln]
+        move(arena, arena_used, data, s, ln)
         key_refs[row] = hk.key_ref(arena_used, ln)
         row_tenant[row] = tenant
         arena_used += ln

@@ -50,6 +50,9 @@ def string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     _, off_buf, data_buf = keys.buffers()
     offsets = np.frombuffer(off_buf, np.int64, count=len(keys) + 1, offset=keys.offset * 8)
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    # read-only like a single key's (``np.frombuffer`` of its bytes): the key kernels then
+    # compile one specialisation for both, not a second for writable key bytes
+    data.flags.writeable = False
     return offsets, data
 
 

@@ -64,7 +64,7 @@ class MetadataStore:
         n = offsets.size - 1
         if tenant < 0:
             return np.full(n, -1, np.int64)
-        return self.keys.lookup_batch(offsets, data, np.full(n, tenant, np.int32))
+        return self.keys.lookup_batch(offsets, data, np.full(n, tenant, self.objects.tenant.dtype))
 
     def tenant_rows(self, tenant_id: str | None) -> np.ndarray:
         """Live rows, of one tenant when ``tenant_id`` is given."""
@@ -136,7 +136,9 @@ class MetadataStore:
         self.keys.reserve(picks.size, int((offsets[picks + 1] - offsets[picks]).sum()))
         extra = np.empty((4, picks.size * max(0, width - o.slots)), np.int64)  # a wide put's other replicas
         used, arena_used, self.next_replica_id, n_extra = ok.insert_new_puts(
-            picks, offsets, data, tenant, sizes, width, preferred, free_rows,
+            # the tenant as the column's dtype: the key-index kernels it shares with lookups
+            # (hash_key, find_or_empty_slot) then compile once, not per tenant type
+            picks, offsets, data, o.tenant.dtype.type(tenant), sizes, width, preferred, free_rows,
             self.keys.table, self.keys.arena, self.keys.arena_used, o.key_ref, o.tenant,
             seg.allocatable, seg.capacity, seg.unit_bits, seg.used,
             seg.extent_starts, seg.extent_lengths, seg.extent_counts,

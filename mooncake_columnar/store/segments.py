@@ -16,7 +16,6 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-from numba.typed import List
 
 from ..errors import EngineInvariantError, InvalidParams, NameLimitExceeded, SegmentExtentsCorrupt
 from ..kernels import allocation as ak
@@ -56,8 +55,8 @@ class SegmentTable:
         self.unit_bits = np.zeros(capacity, np.int64)
         self.used = np.zeros(capacity, np.int64)      # bytes held (whole units, ak.held_end)
         self.extent_counts = np.zeros(capacity, np.int64)
-        self.extent_starts = List([np.empty(8, np.int64) for _ in range(capacity)])
-        self.extent_lengths = List([np.empty(8, np.int64) for _ in range(capacity)])
+        self.extent_starts, self.extent_lengths = ak.new_extent_lists()  # numba typed Lists
+        ak.grow_extent_lists(self.extent_starts, self.extent_lengths, capacity)  # (so _grow's is compiled too)
 
     def __len__(self) -> int:
         return len(self.by_name)
@@ -103,9 +102,7 @@ class SegmentTable:
         self.capacity[code] = seg.size
         self.unit_bits[code] = multiplier_bits(np.int64(seg.size))
         self.used[code] = 0
-        self.extent_starts[code][0] = 0
-        self.extent_lengths[code][0] = seg.size
-        self.extent_counts[code] = 1
+        ak.free_whole_segment(self.extent_starts, self.extent_lengths, self.extent_counts, code, seg.size)
         self.readable[code] = readable
         # an unreadable (standby-restored) segment takes no new allocations until its remount
         self.allocatable[code] = readable
@@ -170,10 +167,8 @@ class SegmentTable:
         self.install_allocator(code, starts[lo[code]:hi[code]], lengths[lo[code]:hi[code]], int(used[code]))
 
     def install_allocator(self, code: int, starts: np.ndarray, lengths: np.ndarray, used: int) -> None:
-        n = starts.size
-        self.extent_starts[code] = np.concatenate((starts, np.empty(max(8, n), np.int64)))
-        self.extent_lengths[code] = np.concatenate((lengths, np.empty(max(8, n), np.int64)))
-        self.extent_counts[code] = n
+        ak.install_extents(self.extent_starts, self.extent_lengths, self.extent_counts, code,
+                           np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64))
         self.used[code] = used
 
     def _grow(self, need: int) -> None:
@@ -186,9 +181,7 @@ class SegmentTable:
             grown = np.zeros(new_cap, old.dtype)
             grown[:cap] = old
             setattr(self, name, grown)
-        for _ in range(new_cap - cap):
-            self.extent_starts.append(np.empty(8, np.int64))
-            self.extent_lengths.append(np.empty(8, np.int64))
+        ak.grow_extent_lists(self.extent_starts, self.extent_lengths, new_cap - cap)
 
 
 def segments_table(infos: Sequence[Segment], used: np.ndarray, readable: np.ndarray) -> pa.Table:

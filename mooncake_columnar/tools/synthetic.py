@@ -65,7 +65,7 @@ def fill(m: MasterService, objects: int, *, object_bytes: int = 4096, chunk: int
 
 
 @contextlib.contextmanager
-def _progress(total: int, label: str, enabled: bool) -> Iterator[Callable[[int], None]]:
+def progress_bar(total: int, label: str, enabled: bool) -> Iterator[Callable[[int], None]]:
     if not enabled:
         yield lambda n: None
         return
@@ -83,7 +83,7 @@ def build_master(objects: int, *, segments: int = 4, replicas: int = 1, object_b
                       initial_capacity=max(1024, objects))
     seg_bytes = max(1 << 20, int(objects * object_bytes * replicas / segments * 1.25))
     mount_segments(m, segments, seg_bytes)
-    with _progress(objects, f"building {objects:,} objects", show_progress) as advance:
+    with progress_bar(objects, f"building {objects:,} objects", show_progress) as advance:
         fill(m, objects, object_bytes=object_bytes, replica_num=replicas, progress=advance)
     return m
 

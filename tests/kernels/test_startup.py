@@ -1,0 +1,26 @@
+"""A fresh process compiles only what its first put and get run, once each, and nothing once
+the cache is filled (``bench startup`` times the same processes)."""
+from __future__ import annotations
+
+import pytest
+
+from mooncake_columnar.tools.bench_startup import first_call_figures
+
+pytestmark = pytest.mark.timeout(600)  # three fresh processes, one compiling: ~10 s alone, minutes on a busy host
+
+# the modules whose kernels a put_start, put_end and get_replica_list run
+FIRST_CALL_MODULES = {"mooncake_columnar.kernels.allocation", "mooncake_columnar.kernels.objects",
+                      "mooncake_columnar.kernels.hashing"}
+
+
+def test_first_put_and_get_compile_only_their_kernels_and_a_filled_cache_compiles_none(tmp_path):
+    figures = first_call_figures(tmp_path)
+
+    assert figures["kernels_compiled_at_import"] == 0
+    compiled = figures["compile_seconds_by_kernel_empty_cache"]
+    assert compiled and {name.rsplit(".", 1)[0] for name in compiled} <= FIRST_CALL_MODULES, compiled
+    # the key-index helpers compile for array keys (put, put_end) and the single get's bytes, no
+    # third time for another integer width of the same argument
+    assert figures["most_specialisations_of_one_kernel"] <= 2, figures
+    assert figures["kernels_compiled_filled_cache"] == 0
+    assert figures["first_call_seconds_filled_cache"] < figures["first_call_seconds_empty_cache"]
