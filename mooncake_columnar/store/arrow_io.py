@@ -78,8 +78,10 @@ class FrozenColumns:
     replica_next_id: int
 
 
-def freeze(m: "MetadataStore", alloc: Allocator = _fresh) -> FrozenColumns:
+def freeze(m: "MetadataStore", alloc: Allocator | None = _fresh) -> FrozenColumns:
     """Copy what a snapshot needs; the caller holds ``m``'s lock. Only memcpy and small lists.
+    ``alloc=None``: views of the live columns, no copy (a forked writer's own copy-on-write
+    memory, which nothing else changes: snapshots/forked.py).
 
     The key arena is referenced, not copied: it is append-only (inserts write past
     ``arena_used``; growth and compaction build a new array), so the bytes the copied
@@ -90,10 +92,13 @@ def freeze(m: "MetadataStore", alloc: Allocator = _fresh) -> FrozenColumns:
     columns = {}
     for name in (*FROZEN_OBJECT_COLUMNS, *FROZEN_REPLICA_COLUMNS):
         src = getattr(o, name)[:hw]
-        columns[name] = alloc(name, src.shape, src.dtype)
-        np.copyto(columns[name], src)
+        if alloc is None:
+            columns[name] = src
+        else:
+            columns[name] = alloc(name, src.shape, src.dtype)
+            np.copyto(columns[name], src)
     if o.replica_more.size:  # wide objects' continuation rows (kernels/chains.py): rare, a plain copy
-        columns["replica_more"] = o.replica_more[:hw].copy()
+        columns["replica_more"] = o.replica_more[:hw] if alloc is None else o.replica_more[:hw].copy()
     s = m.segments
     return FrozenColumns(
         columns=columns, arena=m.keys.arena, put_start_base_ms=o.put_start_base_ms,

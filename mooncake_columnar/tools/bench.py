@@ -17,6 +17,7 @@ from ..clock import ManualClocks
 from ..master import MasterService
 from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
 from .bench_oplog import bench_oplog
+from .bench_endtoend import bench_endtoend
 from .bench_snapshot import bench_snapshot
 from .synthetic import KEY_BYTES, build_master, peak_rss_bytes, promoted_master, synthetic_keys
 
@@ -413,4 +414,5 @@ def bench_remount(objects: int, *, segments: int = 1, replicas: int = 1, show_pr
 
 
 AREAS: dict[str, Callable[..., dict]] = {"core": bench_core, "evict": bench_evict, "remount": bench_remount,
-                                          "oplog": bench_oplog, "snapshot": bench_snapshot}
+                                          "oplog": bench_oplog, "snapshot": bench_snapshot,
+                                          "endtoend": bench_endtoend}

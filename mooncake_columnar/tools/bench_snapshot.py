@@ -64,7 +64,14 @@ def _prefix(state: SnapshotState, k: int) -> SnapshotState:
                                     state.segments, state.replica_next_id))
 
 
-def _touch_and_free(nbytes: int) -> float:
+def settle(nbytes: int) -> None:
+    """Wait until memory freed just before is handed back to the host (cold again), when
+    ``nbytes`` is large enough for that to matter."""
+    if nbytes >= _SETTLE_FROM_BYTES:
+        time.sleep(_BALLOON_SETTLE_S)
+
+
+def touch_and_free(nbytes: int) -> float:
     """Touch ``nbytes`` of fresh memory once and free it; returns the seconds the touch took.
     Right afterwards, the next allocations of that size find guest pages the host has backed."""
     t0 = time.perf_counter()
@@ -72,7 +79,7 @@ def _touch_and_free(nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """One tiny snapshot + restore first: JIT compilation and first-use imports are not charged to
     the measured run (a long-running master has them done long before its next snapshot)."""
     small = build_master(1_000)
@@ -85,7 +92,7 @@ def _warm_up() -> None:
 def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_progress: bool = False,
                    v1_sample_objects: int = 200_000) -> dict:
     """Snapshot write/restore seconds and bytes, with ratios to a same-run column copy."""
-    _warm_up()
+    warm_up()
     clocks = ManualClocks()
     m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
                      clocks=clocks)
@@ -102,8 +109,7 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-snapshot-") as tmp:
         repo = SnapshotRepository(tmp)
         manager = SnapshotManager(m, repo)
-        if copy_s * objects > 0 and m.objects.high_water * 100 >= _SETTLE_FROM_BYTES:
-            time.sleep(_BALLOON_SETTLE_S)  # the build's freed temporaries: cold again
+        settle(m.objects.high_water * 100)  # the build's freed temporaries: cold again
         t0 = time.perf_counter()
         sid = manager.snapshot_now()
         write_s = time.perf_counter() - t0
@@ -111,14 +117,13 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
         snap_dir = Path(tmp) / repo.cluster_id / sid
         snapshot_bytes = sum(p.stat().st_size for p in snap_dir.iterdir())
         clocks.advance(ms=1)
-        if snapshot_bytes >= _SETTLE_FROM_BYTES:  # a periodic snapshot: minutes after the last one
-            time.sleep(_BALLOON_SETTLE_S)
+        settle(snapshot_bytes)  # a periodic snapshot: minutes after the last one
         t0 = time.perf_counter()
         manager.snapshot_now()
         rewrite_s = time.perf_counter() - t0
         rewrite_lock_s = m.metrics.get("snapshot_lock_held_seconds")
         clocks.advance(ms=1)
-        _touch_and_free(snapshot_bytes)
+        touch_and_free(snapshot_bytes)
         t0 = time.perf_counter()
         sid = manager.snapshot_now()
         warm_write_s = time.perf_counter() - t0
@@ -127,15 +132,14 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
 
         # a new process: unrelated steady epoch, wall clock 1 s later
         restore_clocks = ManualClocks(steady_ns=3 * NS_PER_S, system_ns=clocks.system_ns() + NS_PER_S)
-        if snapshot_bytes >= _SETTLE_FROM_BYTES:  # as a restarted process: memory freed above is cold
-            time.sleep(_BALLOON_SETTLE_S)
+        settle(snapshot_bytes)  # as a restarted process: memory freed above is cold
         t0 = time.perf_counter()
         restored, stats = restore_master(repo, config=m.config, clocks=restore_clocks)
         restore_s = time.perf_counter() - t0
         engine_bytes = sum(restored.metadata_bytes().values())
         del restored
         # the engine plus the restore's temporaries (deadline copies, index build scratch)
-        _touch_and_free(2 * engine_bytes)
+        touch_and_free(2 * engine_bytes)
         t0 = time.perf_counter()
         restored, stats = restore_master(repo, config=m.config, clocks=restore_clocks)
         warm_restore_s = time.perf_counter() - t0
@@ -150,10 +154,9 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
             with pa.memory_map(str(path)) as src, open(raw / path.name, "wb") as out:
                 out.write(src.read_buffer())
         file_write_s = time.perf_counter() - t0
-        if engine_bytes >= _SETTLE_FROM_BYTES:  # let memory freed above go back to the host first
-            time.sleep(_BALLOON_SETTLE_S)
-        fresh_memory_s = _touch_and_free(engine_bytes)
-        warm_memory_s = _touch_and_free(engine_bytes)  # the same pages, still backed
+        settle(engine_bytes)  # let memory freed above go back to the host first
+        fresh_memory_s = touch_and_free(engine_bytes)
+        warm_memory_s = touch_and_free(engine_bytes)  # the same pages, still backed
 
     result = {
         "area": "snapshot",
