@@ -98,7 +98,9 @@ class SnapshotManager:
     unpublished directory (a crashed writer's) is deleted once idle for ``unpublished_grace_s``
     (default: the repository's, 3600 s). ``prefault``: before writing to a local
     repository, fault fresh memory in from several threads (see :mod:`..memory`; a VM that
-    hands freed memory back to its host otherwise faults every page cache page one at a time).
+    hands freed memory back to its host otherwise faults every page cache page one at a time),
+    and let retention keep the payload files it deletes for the next snapshot to overwrite in
+    place (one more snapshot's worth of disk; :meth:`SnapshotRepository.retain`).
     ``freeze``: how the state is captured under the lock. ``"copy"``: the columns are copied
     into freeze buffers kept between snapshots; ``"fork"``: a forked child process writes the
     snapshot from its copy-on-write image of the master (:mod:`.forked`: the lock covers the fork,
@@ -251,7 +253,8 @@ class SnapshotManager:
         sid = published.snapshot_id
         metrics.set("snapshot_bytes", float(published.stored_bytes))
         try:
-            deleted = self.repo.retain(self.retention, unpublished_grace_s=self.unpublished_grace_s)
+            deleted = self.repo.retain(self.retention, unpublished_grace_s=self.unpublished_grace_s,
+                                       recycle=self.prefault)
         except Exception:  # the snapshot itself is published and usable: only retention failed
             log.exception("snapshot retention failed after publishing %s", sid)
             metrics.inc("snapshot_retention_failure")

@@ -48,7 +48,8 @@ def publish_state(repo: SnapshotRepository, state: SnapshotState, system_now_ns:
         payloads = state_payloads(state, compression, keys_known_unique=keys_known_unique)
     sid = (ids or SnapshotIdAllocator(repo.list)).next_id(system_now_ns)
     manifest = (v1_manifest(sid) if v1 else v2_manifest(sid, system_now_ns, steady_now_ns)).encode()
-    if prefault and repo.is_local and not v1:  # about the files' bytes
-        warm_free_memory(sum(t.nbytes for t in (state.objects, state.replicas, state.segments)))
+    if prefault and repo.is_local and not v1:  # about the files' bytes, less what recycled files cover
+        warm_free_memory(sum(t.nbytes for t in (state.objects, state.replicas, state.segments))
+                         - repo.recycled_bytes())
     repo.publish(sid, payloads, manifest)
     return Published(sid, sum(map(stored_size, payloads.values())) + len(manifest))
