@@ -152,7 +152,7 @@ def _in_fresh_process(mode: str, root: str, system_ns: int) -> dict:
     out: dict = {}
     if mode == "restore":
         m, stats = _step(out, "restore", lambda: restore_master(repo, clocks=clocks))
-        out["restored_objects"] = m.object_count()
+        out["objects"] = m.object_count()
         out["engine_bytes"] = sum(m.metadata_bytes().values())
         out["process_peak_rss_bytes"] = peak_rss_bytes()
         return {k.removeprefix("restore_"): v for k, v in out.items()}
