@@ -81,6 +81,16 @@ class WriterProcess:
         return result, peak_rss
 
 
+def private_bytes() -> int:
+    """This process's private (not shared with its parent) resident memory; 0 where unknown."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            private = [line for line in f if line.startswith(("Private_Clean:", "Private_Dirty:"))]
+        return sum(int(line.split()[1]) * 1024 for line in private)
+    except OSError:
+        return 0
+
+
 def _describe(status: int) -> str:
     if os.WIFSIGNALED(status):
         return f"signal {os.WTERMSIG(status)}"

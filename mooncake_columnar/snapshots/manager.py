@@ -32,7 +32,7 @@ from ..errors import (InvalidParams, NoUsableSnapshot, RollbackRefused, Snapshot
 from .memory import FreeMemoryWarmer, prefault
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .complete import RestoreStats, max_granted_ttl_ns, restore_latest_with
-from .forked import FORK_AVAILABLE, IdFromParent, WriterProcess, fork_writer
+from .forked import FORK_AVAILABLE, IdFromParent, WriterProcess, fork_writer, private_bytes
 from .manifest import SnapshotIdAllocator
 from .repository import SnapshotRepository
 from .state import SnapshotState
@@ -227,7 +227,9 @@ class SnapshotManager:
         state = frozen_state(freeze(self.master.store, None))
         published = publish_state(self.repo, state, system_ns, steady_ns, ids=ids, compression=self.compression,
                                   keys_known_unique=True, prefault=self.prefault)
-        return {"snapshot_id": published.snapshot_id, "stored_bytes": published.stored_bytes}
+        # the child's own memory with the tables still alive (its RSS also counts shared pages)
+        return {"snapshot_id": published.snapshot_id, "stored_bytes": published.stored_bytes,
+                "private_bytes": private_bytes()}
 
     def _finish_forked(self, child: WriterProcess, system_ns: int, t0: float) -> str:
         """Name the child's snapshot (in fork order: this runs on the one writer thread) and wait
@@ -246,6 +248,7 @@ class SnapshotManager:
             log.exception("complete snapshot failed")
             raise
         metrics.set("snapshot_writer_peak_rss_bytes", float(peak_rss))
+        metrics.set("snapshot_writer_private_bytes", float(result["private_bytes"]))
         return self._published(Published(result["snapshot_id"], int(result["stored_bytes"])), t0)
 
     def _published(self, published: Published, t0: float) -> str:

@@ -110,6 +110,7 @@ def bench_endtoend(objects: int, *, segments: int = 4, replicas: int = 1, show_p
             _step(out, name, manager.snapshot_now)
             out[f"{name}_lock_held_seconds"] = m.metrics.get("snapshot_lock_held_seconds")
             out[f"{name}_writer_peak_rss_bytes"] = m.metrics.get("snapshot_writer_peak_rss_bytes")
+            out[f"{name}_writer_private_bytes"] = m.metrics.get("snapshot_writer_private_bytes")
             clocks.advance(ms=1)
         manager.stop()
         out["snapshot_bytes"] = repo.stored_bytes(repo.latest() or "")

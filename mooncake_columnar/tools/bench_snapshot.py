@@ -133,6 +133,7 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
         periodic_s = time.perf_counter() - t0
         periodic_lock_s = m.metrics.get("snapshot_lock_held_seconds")
         writer_rss = m.metrics.get("snapshot_writer_peak_rss_bytes")
+        writer_private = m.metrics.get("snapshot_writer_private_bytes")
         snap_dir = Path(tmp) / repo.cluster_id / sid
         manager.stop()
 
@@ -177,6 +178,7 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
         "snapshot_periodic_seconds": periodic_s,
         "snapshot_periodic_lock_held_seconds": periodic_lock_s,
         "snapshot_writer_peak_rss_bytes": writer_rss,
+        "snapshot_writer_private_bytes": writer_private,
         "snapshot_restore_seconds": restore_s,
         "snapshot_restore_warm_memory_seconds": warm_restore_s,
         "snapshot_bytes": snapshot_bytes,

@@ -62,7 +62,7 @@ def test_forked_snapshot_reports_lock_time_and_the_writers_peak_rss(tmp_path: Pa
     with SnapshotManager(m, SnapshotRepository(tmp_path), freeze="fork", prefault=False) as manager:
         manager.snapshot_now()
     assert 0 < m.metrics.get("snapshot_lock_held_seconds") < 5
-    assert m.metrics.get("snapshot_writer_peak_rss_bytes") > 0
+    assert m.metrics.get("snapshot_writer_peak_rss_bytes") > 0 and m.metrics.get("snapshot_writer_private_bytes") > 0
     assert m.metrics.get("snapshot_success") == 1
 
 
