@@ -38,7 +38,7 @@ def test_forked_snapshot_holds_the_state_at_the_call_not_later_changes(tmp_path:
         future = manager.snapshot_now(background=True)
         m.batch_remove([f"k{i}" for i in range(0, 300, 2)], force=True)  # after the fork
         put_objects(m, ["later"])
-        sid = future.result(timeout=60)
+        sid = future.result()
     restored, stats = _restored(repo, clocks)
     assert stats.snapshot_id == sid == repo.latest()
     assert canonical(restored) == at_call
@@ -51,7 +51,7 @@ def test_forked_snapshots_publish_in_call_order_each_with_its_own_state(tmp_path
         first = manager.snapshot_now(background=True)
         put_objects(m, ["second-only"])
         second = manager.snapshot_now(background=True)
-        ids = [first.result(timeout=60), second.result(timeout=60)]
+        ids = [first.result(), second.result()]
     assert ids[0] < ids[1] and repo.latest() == ids[1]
     restored, _ = _restored(repo, clocks)
     assert restored.exist_key("second-only") and restored.object_count() == 51
