@@ -176,6 +176,40 @@ class LockHeld(_Snapshot):
     track_lock_held_ratio_to_baseline.unit = "ratio"
 
 
+class ForkedWrite(_Snapshot):
+    """The periodic snapshot with the forked writer (freeze="fork"): the lock covers the fork,
+    and the writer overwrites the payload files retention recycled (retention=1: every write
+    recycles the previous snapshot's)."""
+
+    def setup(self, cache: Cache, objects: int) -> None:
+        self.master = restore(cache[objects])
+        self.clocks = self.master.clocks
+        self.dir = tempfile.mkdtemp(prefix="mooncake-asv-forked-")
+        self.manager = SnapshotManager(self.master, SnapshotRepository(self.dir), retention=1, freeze="fork")
+        self.manager.snapshot_now()  # kernels loaded in this process, as MasterService.start leaves them
+
+    def teardown(self, cache: Cache, objects: int) -> None:
+        self.manager.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _write(self) -> None:
+        self.clocks.advance(ms=1)  # a new snapshot id per write
+        self.manager.snapshot_now()
+
+    def time_periodic_forked_write(self, cache: Cache, objects: int) -> None:
+        self._write()
+
+    def track_fork_lock_held_ratio_to_baseline(self, cache: Cache, objects: int) -> float:
+        lease = self.master.objects.lease_deadline_ns[:self.master.objects.high_water]
+        held = []
+        for _ in range(3):
+            self._write()
+            held.append(self.master.metrics.get("snapshot_lock_held_seconds"))
+        return min(held) / best_seconds(lease.copy)
+
+    track_fork_lock_held_ratio_to_baseline.unit = "ratio"
+
+
 class Restore(_Snapshot):
     """restore_latest + MasterService.from_state from the cached repository (nothing else held)."""
 

@@ -15,6 +15,7 @@ candidate.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -26,14 +27,16 @@ import numpy as np
 
 from ..clock import Clocks
 from ..config import MasterConfig
-from ..errors import InvalidParams, NoUsableSnapshot, RollbackRefused, SnapshotStorageUnavailable
+from ..errors import (InvalidParams, NoUsableSnapshot, RollbackRefused, SnapshotPublishError,
+                      SnapshotStorageUnavailable)
 from .memory import FreeMemoryWarmer, prefault
 from ..store.arrow_io import FrozenColumns, freeze, frozen_state
 from .complete import RestoreStats, max_granted_ttl_ns, restore_latest_with
+from .forked import FORK_AVAILABLE, IdFromParent, WriterProcess, fork_writer, private_bytes
 from .manifest import SnapshotIdAllocator
 from .repository import SnapshotRepository
 from .state import SnapshotState
-from .writer import publish_state
+from .writer import Published, publish_state
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -41,6 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _COMPRESSIONS = (None, "zstd", "lz4")
+_FREEZES = ("auto", "copy", "fork")
+# freeze="auto" forks from this many rows: below, the in-process copy takes milliseconds and its
+# buffers are small, and a fork costs a process start.
+FORK_FROM_ROWS = 1_000_000
 
 
 @dataclass
@@ -91,14 +98,26 @@ class SnapshotManager:
     unpublished directory (a crashed writer's) is deleted once idle for ``unpublished_grace_s``
     (default: the repository's, 3600 s). ``prefault``: before writing to a local
     repository, fault fresh memory in from several threads (see :mod:`..memory`; a VM that
-    hands freed memory back to its host otherwise faults every page cache page one at a time).
+    hands freed memory back to its host otherwise faults every page cache page one at a time),
+    and let retention keep the payload files it deletes for the next snapshot to overwrite in
+    place (one more snapshot's worth of disk; :meth:`SnapshotRepository.retain`).
+    ``freeze``: how the state is captured under the lock. ``"copy"``: the columns are copied
+    into freeze buffers kept between snapshots; ``"fork"``: a forked child process writes the
+    snapshot from its copy-on-write image of the master (:mod:`.forked`: the lock covers the fork,
+    no buffers; v2 into a local repository on POSIX only); ``"auto"`` (default): fork where that
+    applies and the master has at least :data:`FORK_FROM_ROWS` rows, else copy.
     """
 
     def __init__(self, master: "MasterService", repo: SnapshotRepository, *,
                  interval_s: float = 600, retention: int = 2, compression: str | None = None,
                  write_v1: bool = False, prefault: bool = True,
                  unpublished_grace_s: float | None = None,
-                 v2_fallback_repo: SnapshotRepository | None = None) -> None:
+                 v2_fallback_repo: SnapshotRepository | None = None, freeze: str = "auto") -> None:
+        if freeze not in _FREEZES:
+            raise InvalidParams(f"freeze must be one of {_FREEZES}, got {freeze!r}")
+        if freeze == "fork" and not (FORK_AVAILABLE and repo.is_local and not write_v1):
+            raise InvalidParams("freeze='fork' writes v2 snapshots into a local repository, on a system with fork()")
+        self.freeze_mode = freeze
         if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or interval_s <= 0:
             raise InvalidParams(f"interval_s must be a positive number, got {interval_s!r}")
         if isinstance(retention, bool) or not isinstance(retention, int) or retention < 1:
@@ -169,7 +188,6 @@ class SnapshotManager:
                 raise
             if self.write_v1:
                 self.last_v1_refusal = None
-            sid = published.snapshot_id
         except RollbackRefused:
             metrics.inc("snapshot_failure")
             metrics.inc("snapshot_v1_refused")
@@ -181,9 +199,65 @@ class SnapshotManager:
         finally:
             # The tables are views of the buffers; nothing reads them once published.
             self._release(buffers)
+        return self._published(published, t0)
+
+    # ---- the forked writer (freeze="fork") ------------------------------------------------------
+    def _forks(self) -> bool:
+        if self.freeze_mode == "auto":
+            return (FORK_AVAILABLE and self.repo.is_local and not self.write_v1
+                    and self.master.objects.high_water >= FORK_FROM_ROWS)
+        return self.freeze_mode == "fork"
+
+    def _fork(self) -> tuple[WriterProcess, int]:
+        """Fork the writer under the master's lock, which is held for the fork only; returns it
+        and the system time of the snapshot's clock pair."""
+        from ..warmup import warm_up_kernels
+        warm_up_kernels()  # a no-op once done (MasterService.start does it): else every child loads them
+        m = self.master
+        t0 = time.perf_counter()
+        with m.lock:
+            # ONE pair for the whole state, as in freeze()
+            system_ns, steady_ns = int(m.clocks.system_ns()), int(m.clocks.steady_ns())
+            child = fork_writer(lambda ids: self._write_in_child(system_ns, steady_ns, ids))
+        m.metrics.set("snapshot_lock_held_seconds", time.perf_counter() - t0)
+        return child, system_ns
+
+    def _write_in_child(self, system_ns: int, steady_ns: int, ids: IdFromParent) -> dict:
+        """In the forked child: the master's columns are this process's own, so no copy."""
+        state = frozen_state(freeze(self.master.store, None))
+        published = publish_state(self.repo, state, system_ns, steady_ns, ids=ids, compression=self.compression,
+                                  keys_known_unique=True, prefault=self.prefault)
+        # the child's own memory with the tables still alive (its RSS also counts shared pages)
+        return {"snapshot_id": published.snapshot_id, "stored_bytes": published.stored_bytes,
+                "private_bytes": private_bytes()}
+
+    def _finish_forked(self, child: WriterProcess, system_ns: int, t0: float) -> str:
+        """Name the child's snapshot (in fork order: this runs on the one writer thread) and wait
+        for it to publish."""
+        metrics = self.master.metrics
+        try:
+            try:
+                sid = self._ids.next_id(system_ns)
+            except BaseException:  # (a storage error listing the ids) the child gives up
+                with contextlib.suppress(SnapshotPublishError):
+                    child.finish(None)
+                raise
+            result, peak_rss = child.finish(sid)
+        except Exception:
+            metrics.inc("snapshot_failure")
+            log.exception("complete snapshot failed")
+            raise
+        metrics.set("snapshot_writer_peak_rss_bytes", float(peak_rss))
+        metrics.set("snapshot_writer_private_bytes", float(result["private_bytes"]))
+        return self._published(Published(result["snapshot_id"], int(result["stored_bytes"])), t0)
+
+    def _published(self, published: Published, t0: float) -> str:
+        metrics = self.master.metrics
+        sid = published.snapshot_id
         metrics.set("snapshot_bytes", float(published.stored_bytes))
         try:
-            deleted = self.repo.retain(self.retention, unpublished_grace_s=self.unpublished_grace_s)
+            deleted = self.repo.retain(self.retention, unpublished_grace_s=self.unpublished_grace_s,
+                                       recycle=self.prefault)
         except Exception:  # the snapshot itself is published and usable: only retention failed
             log.exception("snapshot retention failed after publishing %s", sid)
             metrics.inc("snapshot_retention_failure")
@@ -224,6 +298,15 @@ class SnapshotManager:
         the moment of the call even when encoding and upload run later.
         """
         t0 = time.perf_counter()
+        if self._forks():
+            try:
+                child, system_ns = self._fork()
+            except Exception:
+                self.master.metrics.inc("snapshot_failure")
+                raise
+            # on the writer thread either way: children publish in the order they were forked
+            done = self._executor.submit(self._finish_forked, child, system_ns, t0)
+            return done if background else done.result()
         try:
             frozen, system_ns, steady_ns, buffers = self.freeze()
         except Exception:

@@ -8,13 +8,20 @@ given state) all write through :func:`publish_state`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Protocol
 
 from .memory import warm_free_memory
 from .arrow_codec import state_payloads
 from .manifest import SnapshotIdAllocator, v1_manifest, v2_manifest
 from .repository import Data, SnapshotRepository, stored_size
 from .state import SnapshotState
+
+
+class IdSource(Protocol):
+    """Names the next snapshot (:class:`SnapshotIdAllocator`; a forked writer's
+    :class:`~.forked.IdFromParent`)."""
+
+    def next_id(self, system_ns: int) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,7 @@ class Published:
 
 
 def publish_state(repo: SnapshotRepository, state: SnapshotState, system_now_ns: int, steady_now_ns: int, *,
-                  ids: SnapshotIdAllocator | None = None, v1: bool = False, compression: str | None = None,
+                  ids: IdSource | None = None, v1: bool = False, compression: str | None = None,
                   keys_known_unique: bool = False, prefault: bool = False) -> Published:
     """Publish ``state`` under the next id of ``ids`` (default: a fresh allocator over ``repo``:
     the id sorts above every snapshot there). The (system, steady) pair must have been captured
@@ -41,7 +48,8 @@ def publish_state(repo: SnapshotRepository, state: SnapshotState, system_now_ns:
         payloads = state_payloads(state, compression, keys_known_unique=keys_known_unique)
     sid = (ids or SnapshotIdAllocator(repo.list)).next_id(system_now_ns)
     manifest = (v1_manifest(sid) if v1 else v2_manifest(sid, system_now_ns, steady_now_ns)).encode()
-    if prefault and repo.is_local and not v1:  # about the files' bytes
-        warm_free_memory(sum(t.nbytes for t in (state.objects, state.replicas, state.segments)))
+    if prefault and repo.is_local and not v1:  # about the files' bytes, less what recycled files cover
+        warm_free_memory(sum(t.nbytes for t in (state.objects, state.replicas, state.segments))
+                         - repo.recycled_bytes())
     repo.publish(sid, payloads, manifest)
     return Published(sid, sum(map(stored_size, payloads.values())) + len(manifest))

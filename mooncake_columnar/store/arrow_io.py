@@ -23,7 +23,7 @@ from ..kernels import arena as arena_k
 from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
 from ..kernels import objects as ok
-from ..kernels.predicates import memory_on_segment_mask
+from ..kernels.predicates import memory_on_segment_mask, memory_replica_segment
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
     FLAG_GROUPED,
@@ -81,8 +81,10 @@ class FrozenColumns:
     replica_next_id: int
 
 
-def freeze(m: "MetadataStore", alloc: Allocator = _fresh) -> FrozenColumns:
+def freeze(m: "MetadataStore", alloc: Allocator | None = _fresh) -> FrozenColumns:
     """Copy what a snapshot needs; the caller holds ``m``'s lock. Only memcpy and small lists.
+    ``alloc=None``: views of the live columns, no copy (a forked writer's own copy-on-write
+    memory, which nothing else changes: snapshots/forked.py).
 
     The key arena is referenced, not copied: it is append-only (inserts write past
     ``arena_used``; growth and compaction build a new array), so the bytes the copied
@@ -93,10 +95,13 @@ def freeze(m: "MetadataStore", alloc: Allocator = _fresh) -> FrozenColumns:
     columns = {}
     for name in (*FROZEN_OBJECT_COLUMNS, *FROZEN_REPLICA_COLUMNS):
         src = getattr(o, name)[:hw]
-        columns[name] = alloc(name, src.shape, src.dtype)
-        np.copyto(columns[name], src)
+        if alloc is None:
+            columns[name] = src
+        else:
+            columns[name] = alloc(name, src.shape, src.dtype)
+            np.copyto(columns[name], src)
     if o.replica_more.size:  # wide objects' continuation rows (kernels/chains.py): rare, a plain copy
-        columns["replica_more"] = o.replica_more[:hw].copy()
+        columns["replica_more"] = o.replica_more[:hw] if alloc is None else o.replica_more[:hw].copy()
     s = m.segments
     return FrozenColumns(
         columns=columns, arena=m.keys.arena, put_start_base_ms=o.put_start_base_ms,
@@ -240,8 +245,8 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
         def reps(name: str) -> np.ndarray:
             return rows(c[name])[r_idx, slot]
         src_size = rows(c["size_bytes"])[r_idx]
-    kind, seg = reps("replica_kind"), reps("replica_segment")
-    used = _used_bytes(kind, seg, np.asarray(src_size), len(f.segments))
+    kind, seg, rep_status = reps("replica_kind"), reps("replica_segment"), reps("replica_status")
+    used = _used_bytes(rep_status, kind, seg, np.asarray(src_size), len(f.segments))
     seg_names = [s.name if s else "" for s in f.segments]
     all_memory = bool((kind == KIND_MEMORY).all()) and (not seg.size or seg.min() >= 0)
     if not all_memory:  # a LOCAL_DISK replica's "segment" is its owner client; others ""
@@ -257,7 +262,7 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
         "object_index": r_idx.astype(np.int64, copy=False),
         "replica_id": reps("replica_id"),
         "kind": kind,
-        "status": reps("replica_status"),
+        "status": rep_status,
         "segment": _names(seg_code, seg_names),
         "offset": reps("replica_offset"),
         "size": src_size,
@@ -271,14 +276,18 @@ def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState"
     return SnapshotState(objects, replicas, segments, f.replica_next_id, checksums)
 
 
-def _used_bytes(kind: np.ndarray, seg: np.ndarray, size: np.ndarray, n_codes: int) -> np.ndarray:
+@njit(cache=True, nogil=True)
+def _used_bytes(status, kind, seg, size, n_codes):
     """Bytes of the memory replicas on each segment code: the exact figure upstream reports
     (its allocator's cur_size sums the buffers' sizes; a replica whose removal awaits durability
     still holds its buffer). The engine's own ``SegmentTable.used`` counts whole allocation
-    units instead (above 3.75 GiB a unit is more than a byte)."""
-    memory = memory_on_segment_mask(kind, seg)
-    # float sums are exact here: one segment's bytes stay far below 2**53
-    return np.bincount(seg[memory], weights=size[memory], minlength=n_codes).astype(np.int64)
+    units instead (above 3.75 GiB a unit is more than a byte). One pass, no masks."""
+    out = np.zeros(n_codes, np.int64)
+    for i in range(kind.shape[0]):
+        s = memory_replica_segment(status[i], kind[i], seg[i])
+        if s >= 0:
+            out[s] += size[i]
+    return out
 
 
 def export_tables(m: "MetadataStore") -> "SnapshotState":

@@ -19,6 +19,7 @@ from ..messages import DEFAULT_TENANT
 from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
 from ..store.keys import as_string_array, string_buffers
 from .bench_oplog import bench_oplog
+from .bench_endtoend import bench_endtoend
 from .bench_snapshot import bench_snapshot
 from .bench_startup import bench_startup
 from .synthetic import KEY_BYTES, build_master, peak_rss_bytes, promoted_master, synthetic_keys
@@ -444,4 +445,4 @@ def bench_remount(objects: int, *, segments: int = 1, replicas: int = 1, show_pr
 
 AREAS: dict[str, Callable[..., dict]] = {"core": bench_core, "evict": bench_evict, "remount": bench_remount,
                                           "oplog": bench_oplog, "snapshot": bench_snapshot,
-                                          "startup": bench_startup}
+                                          "startup": bench_startup, "endtoend": bench_endtoend}

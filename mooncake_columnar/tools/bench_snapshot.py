@@ -1,9 +1,10 @@
 """`mooncake-columnar bench snapshot`: complete-snapshot write and restore next to a same-run baseline.
 
-Write = freeze under the lock (column memcpy + one clock pair) + Arrow tables + IPC streamed with
-its checksum + publish to a temporary local directory (page cache). The first snapshot of a
-manager also faults in its freeze buffers; ``snapshot_rewrite_seconds`` is the next snapshot,
-which reuses them (the periodic steady state). Restore = ``restore_master``: strict manifest,
+Write = freeze under the lock (from 1M objects a fork, below a column memcpy; one clock pair) +
+Arrow tables + IPC streamed with its checksum + publish to a temporary local directory (page
+cache). ``snapshot_rewrite_seconds`` is the next snapshot (reusing the freeze buffers of an
+in-process freeze); ``snapshot_periodic_seconds`` the fourth, the steady state: retention deleted
+the first and the writer overwrites its recycled files in place. Restore = ``restore_master``: strict manifest,
 digest, decode, validation, clock conversion, cleanup and the engine rebuild, timed after the
 manager stopped (a restore runs in a process without a snapshot writer). Baseline: a NumPy copy of
 the master's object columns; floors: the snapshot's bytes written to fresh files, and fresh memory
@@ -64,7 +65,14 @@ def _prefix(state: SnapshotState, k: int) -> SnapshotState:
                                     state.segments, state.replica_next_id))
 
 
-def _touch_and_free(nbytes: int) -> float:
+def settle(nbytes: int) -> None:
+    """Wait until memory freed just before is handed back to the host (cold again), when
+    ``nbytes`` is large enough for that to matter."""
+    if nbytes >= _SETTLE_FROM_BYTES:
+        time.sleep(_BALLOON_SETTLE_S)
+
+
+def touch_and_free(nbytes: int) -> float:
     """Touch ``nbytes`` of fresh memory once and free it; returns the seconds the touch took.
     Right afterwards, the next allocations of that size find guest pages the host has backed."""
     t0 = time.perf_counter()
@@ -72,20 +80,18 @@ def _touch_and_free(nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
-def _warm_up() -> None:
-    """One tiny snapshot + restore first: JIT compilation and first-use imports are not charged to
-    the measured run (a long-running master has them done long before its next snapshot)."""
-    small = build_master(1_000)
-    with tempfile.TemporaryDirectory(prefix="mooncake-bench-warmup-") as tmp:
-        repo = SnapshotRepository(tmp)
-        SnapshotManager(small, repo).snapshot_now()
-        restore_master(repo, config=small.config, clocks=ManualClocks())
+def warm_up() -> None:
+    """Every serving-path kernel loaded first (snapshot and restore paths included), as
+    ``MasterService.start`` does: JIT compilation and first-use imports are not charged to the
+    measured run (a long-running master has them done long before its next snapshot)."""
+    from ..warmup import warm_up_kernels
+    warm_up_kernels()
 
 
 def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_progress: bool = False,
                    v1_sample_objects: int = 200_000) -> dict:
     """Snapshot write/restore seconds and bytes, with ratios to a same-run column copy."""
-    _warm_up()
+    warm_up()
     clocks = ManualClocks()
     m = build_master(objects, segments=segments, replicas=replicas, show_progress=show_progress,
                      clocks=clocks)
@@ -102,8 +108,7 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
     with tempfile.TemporaryDirectory(prefix="mooncake-bench-snapshot-") as tmp:
         repo = SnapshotRepository(tmp)
         manager = SnapshotManager(m, repo)
-        if copy_s * objects > 0 and m.objects.high_water * 100 >= _SETTLE_FROM_BYTES:
-            time.sleep(_BALLOON_SETTLE_S)  # the build's freed temporaries: cold again
+        settle(m.objects.high_water * 100)  # the build's freed temporaries: cold again
         t0 = time.perf_counter()
         sid = manager.snapshot_now()
         write_s = time.perf_counter() - t0
@@ -111,31 +116,37 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
         snap_dir = Path(tmp) / repo.cluster_id / sid
         snapshot_bytes = sum(p.stat().st_size for p in snap_dir.iterdir())
         clocks.advance(ms=1)
-        if snapshot_bytes >= _SETTLE_FROM_BYTES:  # a periodic snapshot: minutes after the last one
-            time.sleep(_BALLOON_SETTLE_S)
+        settle(snapshot_bytes)  # a periodic snapshot: minutes after the last one
         t0 = time.perf_counter()
         manager.snapshot_now()
         rewrite_s = time.perf_counter() - t0
         rewrite_lock_s = m.metrics.get("snapshot_lock_held_seconds")
         clocks.advance(ms=1)
-        _touch_and_free(snapshot_bytes)
+        touch_and_free(snapshot_bytes)
         t0 = time.perf_counter()
-        sid = manager.snapshot_now()
+        manager.snapshot_now()  # retention deletes the first one: its files wait to be recycled
         warm_write_s = time.perf_counter() - t0
-        snap_dir = Path(tmp) / repo.cluster_id / sid  # retention has deleted the first one
+        clocks.advance(ms=1)
+        settle(snapshot_bytes)
+        t0 = time.perf_counter()
+        sid = manager.snapshot_now()  # the periodic steady state: over the recycled files
+        periodic_s = time.perf_counter() - t0
+        periodic_lock_s = m.metrics.get("snapshot_lock_held_seconds")
+        writer_rss = m.metrics.get("snapshot_writer_peak_rss_bytes")
+        writer_private = m.metrics.get("snapshot_writer_private_bytes")
+        snap_dir = Path(tmp) / repo.cluster_id / sid
         manager.stop()
 
         # a new process: unrelated steady epoch, wall clock 1 s later
         restore_clocks = ManualClocks(steady_ns=3 * NS_PER_S, system_ns=clocks.system_ns() + NS_PER_S)
-        if snapshot_bytes >= _SETTLE_FROM_BYTES:  # as a restarted process: memory freed above is cold
-            time.sleep(_BALLOON_SETTLE_S)
+        settle(snapshot_bytes)  # as a restarted process: memory freed above is cold
         t0 = time.perf_counter()
         restored, stats = restore_master(repo, config=m.config, clocks=restore_clocks)
         restore_s = time.perf_counter() - t0
         engine_bytes = sum(restored.metadata_bytes().values())
         del restored
         # the engine plus the restore's temporaries (deadline copies, index build scratch)
-        _touch_and_free(2 * engine_bytes)
+        touch_and_free(2 * engine_bytes)
         t0 = time.perf_counter()
         restored, stats = restore_master(repo, config=m.config, clocks=restore_clocks)
         warm_restore_s = time.perf_counter() - t0
@@ -150,10 +161,9 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
             with pa.memory_map(str(path)) as src, open(raw / path.name, "wb") as out:
                 out.write(src.read_buffer())
         file_write_s = time.perf_counter() - t0
-        if engine_bytes >= _SETTLE_FROM_BYTES:  # let memory freed above go back to the host first
-            time.sleep(_BALLOON_SETTLE_S)
-        fresh_memory_s = _touch_and_free(engine_bytes)
-        warm_memory_s = _touch_and_free(engine_bytes)  # the same pages, still backed
+        settle(engine_bytes)  # let memory freed above go back to the host first
+        fresh_memory_s = touch_and_free(engine_bytes)
+        warm_memory_s = touch_and_free(engine_bytes)  # the same pages, still backed
 
     result = {
         "area": "snapshot",
@@ -165,6 +175,10 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
         "snapshot_rewrite_seconds": rewrite_s,
         "snapshot_rewrite_lock_held_seconds": rewrite_lock_s,
         "snapshot_write_warm_memory_seconds": warm_write_s,
+        "snapshot_periodic_seconds": periodic_s,
+        "snapshot_periodic_lock_held_seconds": periodic_lock_s,
+        "snapshot_writer_peak_rss_bytes": writer_rss,
+        "snapshot_writer_private_bytes": writer_private,
         "snapshot_restore_seconds": restore_s,
         "snapshot_restore_warm_memory_seconds": warm_restore_s,
         "snapshot_bytes": snapshot_bytes,
@@ -181,6 +195,7 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
         "restore_ratio_to_fresh_memory": restore_s / fresh_memory_s,
         "warm_restore_ratio_to_baseline": warm_restore_s / copy_s,
         "warm_write_ratio_to_baseline": warm_write_s / copy_s,
+        "periodic_write_ratio_to_baseline": periodic_s / copy_s,
     }
     del restored
     # upstream v1 codec (msgpack + zstd, per-object Python) on a prefix of the same table: it

@@ -22,7 +22,7 @@ from typing import Callable
 
 import mooncake_columnar
 
-from .synthetic import progress_bar
+from .progress import bar
 
 # Runs in the child: times from before the package's import; the compile events name each
 # kernel that compiled (outermost only: a kernel's callees compile inside it).
@@ -131,7 +131,7 @@ def bench_startup(objects: int = 1, *, segments: int = 1, replicas: int = 1, sho
     ``replicas`` are the CLI's common arguments and do not apply). ``warmup``: also time
     ``mooncake-columnar warmup`` on an empty cache and a first call after it (a minute or more)."""
     with tempfile.TemporaryDirectory(prefix="mooncake-startup-") as tmp, \
-            progress_bar(5 if warmup else 3, "fresh processes", show_progress) as advance:
+            bar(5 if warmup else 3, "fresh processes", show_progress) as advance:
         out = {"area": "startup", "objects": 1, **first_call_figures(Path(tmp), advance)}
         if warmup:
             warm = run_fresh(_WARMUP, Path(tmp) / "warm")

@@ -9,8 +9,8 @@ import sys
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import AREAS
     fn = AREAS[args.area]
-    result = fn(args.objects, segments=args.segments, replicas=args.replicas,
-                show_progress=not args.json and sys.stderr.isatty())
+    from .progress import wanted
+    result = fn(args.objects, segments=args.segments, replicas=args.replicas, show_progress=wanted(args.progress))
     if args.json:
         print(json.dumps(result))
     else:
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--segments", type=int, default=4)
     b.add_argument("--replicas", type=int, default=1)
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.add_argument("--progress", action="store_true", help="show progress on stderr (default: when it is a terminal)")
     b.set_defaults(func=_cmd_bench)
     # ---- snapshot ls|inspect|verify (implemented in snapshot_cli.py) ----
     from . import snapshot_cli

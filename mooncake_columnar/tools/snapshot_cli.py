@@ -21,6 +21,7 @@ import numpy as np
 from ..clock import NS_PER_S, MonotonicClocks
 from ..errors import CliUsageError
 from ..schema import NEVER_LEASED
+from .progress import steps, wanted
 from .repo_args import (EXIT_BAD_SNAPSHOT, EXIT_OK, add_repository_args, check_id, open_repo, pick_snapshot,
                         reporting_usage_errors, storage_error)
 
@@ -228,8 +229,19 @@ def verify_snapshot(repo, snapshot_id: str, at_system_ns: int) -> None:
     cleanup_state(state, now_ns, drop_expired=True)
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
+def _verify_one(repo, sid: str, at: int, uri: str, results: list[dict]) -> None:
     from ..errors import SnapshotStorageUnavailable
+    try:
+        verify_snapshot(repo, sid, at)
+    except SnapshotStorageUnavailable as e:
+        raise storage_error(uri, e) from None
+    except Exception as e:
+        results.append({"snapshot_id": sid, "ok": False, "error": f"{type(e).__name__}: {e}"})
+    else:
+        results.append({"snapshot_id": sid, "ok": True, "error": None})
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
     repo = open_repo(args)
     if args.snapshot_id:
         ids = [check_id(sid) for sid in args.snapshot_id]
@@ -244,17 +256,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not ids:
         raise CliUsageError(f"no snapshots to verify under {repo.base}")
     at = MonotonicClocks().system_ns() if args.at_system_ns is None else args.at_system_ns
-    results = []
-    for sid in ids:
-        try:
-            verify_snapshot(repo, sid, at)
-        except SnapshotStorageUnavailable as e:
-            raise storage_error(args.uri, e) from None
-        except Exception as e:
-            results.append({"snapshot_id": sid, "ok": False, "error": f"{type(e).__name__}: {e}"})
-        else:
-            results.append({"snapshot_id": sid, "ok": True, "error": None})
+    results: list[dict] = []
+    labels = [f"verifying {sid}" for sid in ids]
+    with steps(labels, wanted(args.progress)) as step:
+        for sid, label in zip(ids, labels):
+            step(label)
+            _verify_one(repo, sid, at, args.uri, results)
     failed = [r for r in results if not r["ok"]]
+
     if args.json:
         print(json.dumps({"ok": not failed, "results": results}))
     else:
@@ -285,5 +294,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      help="snapshot to verify (repeatable); default: every restore candidate")
     ver.add_argument("--at-system-ns", type=int,
                      help="restore time (Unix ns) for the clock-conversion check; default now")
+    ver.add_argument("--progress", action="store_true", help="show progress on stderr (default: when it is a terminal)")
     ver.set_defaults(func=reporting_usage_errors(_cmd_verify))
     return s

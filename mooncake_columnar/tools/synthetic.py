@@ -2,9 +2,7 @@
 Python objects): keys, segments, filled masters and the master a promotion leaves."""
 from __future__ import annotations
 
-import contextlib
 import resource
-from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +12,7 @@ from ..config import MasterConfig
 from ..errors import error_for_code
 from ..master import MasterService
 from ..messages import ReplicateConfig
+from .progress import bar
 
 KEY_BYTES = 32
 _PREFIX = b"obj-"
@@ -64,17 +63,6 @@ def fill(m: MasterService, objects: int, *, object_bytes: int = 4096, chunk: int
             progress(n)
 
 
-@contextlib.contextmanager
-def progress_bar(total: int, label: str, enabled: bool) -> Iterator[Callable[[int], None]]:
-    if not enabled:
-        yield lambda n: None
-        return
-    from rich.progress import Progress
-    with Progress(transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
-
-
 def build_master(objects: int, *, segments: int = 4, replicas: int = 1, object_bytes: int = 4096,
                  show_progress: bool = False, config: MasterConfig | None = None,
                  clocks: ManualClocks | None = None) -> MasterService:
@@ -83,7 +71,7 @@ def build_master(objects: int, *, segments: int = 4, replicas: int = 1, object_b
                       initial_capacity=max(1024, objects))
     seg_bytes = max(1 << 20, int(objects * object_bytes * replicas / segments * 1.25))
     mount_segments(m, segments, seg_bytes)
-    with progress_bar(objects, f"building {objects:,} objects", show_progress) as advance:
+    with bar(objects, f"building {objects:,} objects", show_progress) as advance:
         fill(m, objects, object_bytes=object_bytes, replica_num=replicas, progress=advance)
     return m
 

@@ -16,15 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
+from .progress import steps, wanted
 from .repo_args import (EXIT_BAD_SNAPSHOT, EXIT_OK, add_repository_args, open_repo, pick_snapshot,
                         reporting_usage_errors, storage_error)
 
 
-def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False) -> dict[str, Any]:
+_STEPS = ("restoring the snapshot into an engine", "engine self-check")
+
+
+def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False,
+                           step: Callable[[str], None] = lambda label: None) -> dict[str, Any]:
     """Restore ``snapshot_id`` into a MasterService and self-check it; a result dict with
-    ``ok``, ``objects`` and, on failure, ``check`` (the invariant id, or ``restore``) and ``error``."""
+    ``ok``, ``objects`` and, on failure, ``check`` (the invariant id, or ``restore``) and ``error``.
+    ``step`` hears each phase start (progress)."""
     from ..clock import MonotonicClocks
     from ..errors import EngineInvariantError, SnapshotStorageUnavailable
     from ..master import MasterService
@@ -34,6 +40,7 @@ def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False
                            "error": None}
     clocks = MonotonicClocks()
     t0 = time.perf_counter()
+    step(_STEPS[0])
     try:
         state, _, now_ns = decode_candidate(repo, snapshot_id, clocks, check_unique_keys=False)
         state, _ = cleanup_state(state, now_ns, drop_expired)
@@ -45,6 +52,7 @@ def verify_snapshot_engine(repo, snapshot_id: str, *, drop_expired: bool = False
         return out
     out["objects"] = m.object_count()
     t1 = time.perf_counter()
+    step(_STEPS[1])
     try:
         m.verify()
     except EngineInvariantError as e:
@@ -60,7 +68,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     repo = open_repo(args)
     snapshot_id = pick_snapshot(repo, args.snapshot)  # a given id passes the repository's path check
     try:
-        result = verify_snapshot_engine(repo, snapshot_id, drop_expired=args.drop_expired)
+        with steps(list(_STEPS), wanted(args.progress)) as step:
+            result = verify_snapshot_engine(repo, snapshot_id, drop_expired=args.drop_expired, step=step)
     except SnapshotStorageUnavailable as e:
         raise storage_error(args.uri, e) from None
     if args.json:
@@ -81,5 +90,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--snapshot", help="snapshot id (default: the one in latest.txt)")
     p.add_argument("--drop-expired", action="store_true",
                    help="drop expired, unpinned objects first, as a restore does by default")
+    p.add_argument("--progress", action="store_true", help="show progress on stderr (default: when it is a terminal)")
     p.set_defaults(func=reporting_usage_errors(_cmd_verify))
     return p

@@ -204,3 +204,10 @@ def test_snapshot_cli_works_on_a_copy_of_a_fixture(capsys, tmp_path: Path) -> No
     (root / "mooncake_cluster" / "latest.txt").unlink()  # no pointer: every id is a candidate
     code, out, _ = _run(capsys, "verify", str(root))
     assert code == 0 and "1 of 1" in out
+
+
+def test_verify_with_progress_keeps_stdout_one_json_object(capsys, two_snapshots) -> None:
+    root, ids, _ = two_snapshots
+    code, out, _ = _run(capsys, "verify", str(root), "--json", "--progress")
+    assert code == 0 and json.loads(out)["results"] == [{"snapshot_id": sid, "ok": True, "error": None}
+                                                        for sid in reversed(ids)]

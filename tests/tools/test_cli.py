@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mooncake_columnar.tools.cli import main
 
 
@@ -22,3 +24,31 @@ def test_bench_core_json_has_figures_with_baselines(capsys):
     for name in ("batch_put_keys_per_s", "batch_get_keys_per_s", "single_get_median_us", "bytes_per_object",
                  "baseline_copy_seconds", "baseline_dict_lookup_keys_per_s", "peak_rss_bytes"):
         assert result[name] > 0, name
+
+
+def test_engine_verify_with_progress_keeps_stdout_one_json_object(capsys, tmp_path) -> None:
+    from mooncake_columnar.clock import ManualClocks
+    from mooncake_columnar.snapshots.manager import SnapshotManager
+    from mooncake_columnar.snapshots.repository import SnapshotRepository
+    from mooncake_columnar.testing.builders import make_master, put_objects
+    m = make_master(ManualClocks())
+    put_objects(m, ["a", "b"])
+    SnapshotManager(m, SnapshotRepository(tmp_path)).snapshot_now()
+    assert main(["verify", str(tmp_path), "--json", "--progress"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] and result["objects"] == 2
+
+
+@pytest.mark.slow
+def test_bench_endtoend_runs_every_step_with_its_peak_rss(capsys):
+    """Build, evict 5%, two snapshots, a restore and a bootstrap + remount in fresh processes."""
+    assert main(["bench", "endtoend", "--objects", "20000", "--json", "--progress"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for step in ("build", "evict", "snapshot", "periodic_snapshot", "restore", "bootstrap_remount_bootstrap",
+                 "bootstrap_remount_remount"):
+        assert result[f"{step}_seconds"] > 0 and result[f"{step}_peak_rss_bytes"] > 0, step
+    assert result["evicted_objects"] == 1_000 and result["restore_objects"] == 19_000
+    assert result["bootstrap_remount_matched_objects"] > 0
+    for baseline in ("baseline_lease_copy_seconds", "baseline_fresh_memory_seconds",
+                     "bootstrap_remount_baseline_lease_copy_seconds"):
+        assert result[baseline] > 0, baseline
