@@ -78,8 +78,8 @@ def test_census_and_selection_match_slow_numpy(t, allow_soft, k):
 def test_census_listing_lists_the_candidates_at_or_below_the_bound_in_the_same_pass(t, bound, k):
     now, flags, lease, soft, status, kind, seg, refcnt, readable = t
     n = flags.size
-    columns = (now, n, np.zeros(n, np.int32), -1, flags, lease, soft, status, kind, seg, refcnt, readable,
-               np.empty(0, np.int32))
+    columns = (now, n, np.zeros(n, np.int32), -1, flags, lease, soft_pins_of(soft).parts(), status, kind, seg,
+               refcnt, readable, np.empty(0, np.int32))
     codes, counts, skipped = ek.census(*columns)
     listed_codes, listed_counts, listed_skipped, listed = ek.census_listing(*columns, bound)
     assert np.array_equal(listed_codes, codes) and np.array_equal(listed_counts, counts)
@@ -156,8 +156,9 @@ def test_listing_bound_of_a_sample_covers_the_first_pass_and_a_short_listing_is_
     lease[rng.integers(0, n, 20_000)] = -7  # many ties
     flags = np.full(n, FLAG_LIVE, np.uint8)
     status = np.full((n, 1), ST_COMPLETE, np.uint8)
-    columns = (0, n, np.zeros(n, np.int32), -1, flags, lease, lease, status, np.full((n, 1), KIND_MEMORY, np.uint8),
-               np.zeros((n, 1), np.int32), np.zeros((n, 1), np.uint16), np.ones(1, np.bool_), np.empty(0, np.int32))
+    no_soft_pins = soft_pins_of(np.zeros(0, np.int64)).parts()
+    columns = (0, n, np.zeros(n, np.int32), -1, flags, lease, no_soft_pins, status,
+               np.full((n, 1), KIND_MEMORY, np.uint8), np.zeros((n, 1), np.int32), np.zeros((n, 1), np.uint16), np.ones(1, np.bool_), np.empty(0, np.int32))
     k = n // 20
     expect = np.sort(np.lexsort((np.arange(n), lease))[:k])
     bound = ek.listing_bound(0.05, *columns)
