@@ -158,7 +158,8 @@ def test_listing_bound_of_a_sample_covers_the_first_pass_and_a_short_listing_is_
     status = np.full((n, 1), ST_COMPLETE, np.uint8)
     no_soft_pins = soft_pins_of(np.zeros(0, np.int64)).parts()
     columns = (0, n, np.zeros(n, np.int32), -1, flags, lease, no_soft_pins, status,
-               np.full((n, 1), KIND_MEMORY, np.uint8), np.zeros((n, 1), np.int32), np.zeros((n, 1), np.uint16), np.ones(1, np.bool_), np.empty(0, np.int32))
+               np.full((n, 1), KIND_MEMORY, np.uint8), np.zeros((n, 1), np.int32), np.zeros((n, 1), np.uint16),
+               np.ones(1, np.bool_), np.empty(0, np.int32))
     k = n // 20
     expect = np.sort(np.lexsort((np.arange(n), lease))[:k])
     bound = ek.listing_bound(0.05, *columns)
