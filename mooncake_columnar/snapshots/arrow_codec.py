@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable, TypeAlias
 
 import pyarrow as pa
 import xxhash
@@ -76,18 +76,30 @@ class _Checksummed:
 class IpcPayload:
     """One table as an Arrow IPC file, produced when written (``write_to``), never held whole in
     memory; after a write, ``size`` and ``checksum`` (digest version 2) describe the bytes.
-    Writing again (a backup copy) produces the same bytes."""
+    Writing again (a backup copy) produces the same bytes.
 
-    def __init__(self, table: pa.Table, compression: str | None, metadata: dict[bytes, bytes]) -> None:
-        self.table = table.replace_schema_metadata(metadata or None)
+    ``table``: the table, or a callable returning its parts (tables of ``schema``, written as
+    record batches one after the other: a writer that builds them one at a time holds one)."""
+
+    def __init__(self, table: pa.Table | Callable[[], Iterable[pa.Table]], compression: str | None,
+                 metadata: dict[bytes, bytes], schema: pa.Schema | None = None) -> None:
+        if isinstance(table, pa.Table):
+            schema, parts = table.schema, table
+            self.parts: Callable[[], Iterable[pa.Table]] = lambda: (parts,)
+        else:
+            if schema is None:
+                raise ValueError("a payload built in parts needs their schema")
+            self.parts = table
+        self.schema = schema.with_metadata(metadata or None)
         self.options = pa.ipc.IpcWriteOptions(compression=compression)
         self.size: int | None = None
         self.checksum: str | None = None
 
     def write_to(self, sink: pa.NativeFile) -> None:
         out = _Checksummed(sink)
-        with pa.ipc.new_file(pa.PythonFile(out, mode="w"), self.table.schema, options=self.options) as w:
-            w.write_table(self.table)
+        with pa.ipc.new_file(pa.PythonFile(out, mode="w"), self.schema, options=self.options) as w:
+            for part in self.parts():
+                w.write_table(part.replace_schema_metadata(self.schema.metadata))
         self.size, self.checksum = out.size, out.hasher.hexdigest()
 
     def to_buffer(self) -> pa.Buffer:
@@ -139,6 +151,11 @@ def digest_of(payloads: dict[str, bytes | pa.Buffer], version: int = DIGEST_VERS
                                   for name, data in payloads.items()})
 
 
+def check_compression(compression: str | None) -> None:
+    if compression not in _COMPRESSIONS:
+        raise ValueError(f"compression must be one of {_COMPRESSIONS}, not {compression!r}")
+
+
 def state_payloads(state: SnapshotState, compression: str | None = None, *,
                    keys_known_unique: bool = False) -> dict[str, IpcPayload | DigestPayload]:
     """Payload name -> streamed payload for a validated state (either layout; written encoded):
@@ -148,17 +165,35 @@ def state_payloads(state: SnapshotState, compression: str | None = None, *,
     expensive check) when the state comes straight from the engine, whose key index enforces it;
     every other check still runs, and restore re-checks everything.
     """
-    if compression not in _COMPRESSIONS:
-        raise ValueError(f"compression must be one of {_COMPRESSIONS}, not {compression!r}")
+    check_compression(compression)
     state = state.validate(check_unique_keys=not keys_known_unique).encoded()
+    return table_payloads(state.objects, state.replicas, state.segments,
+                          state.checksums if state.checksums.num_rows else None, state.replica_next_id, compression)
+
+
+# a table, or (its schema, a callable returning its parts in order)
+TableSource: TypeAlias = "pa.Table | tuple[pa.Schema, Callable[[], Iterable[pa.Table]]]"
+
+
+def table_payloads(objects: TableSource, replicas: TableSource, segments: TableSource,
+                   checksums: TableSource | None, replica_next_id: int,
+                   compression: str | None) -> dict[str, IpcPayload | DigestPayload]:
+    """The payloads of a validated state's tables, each a table or (schema, its parts in order),
+    in publication order: the Arrow files, then the digest."""
+    check_compression(compression)
+
+    def payload(source: TableSource, metadata: dict[bytes, bytes]) -> IpcPayload:
+        if isinstance(source, pa.Table):
+            return IpcPayload(source, compression, metadata)
+        return IpcPayload(source[1], compression, metadata, schema=source[0])
+
     files = {
-        OBJECTS_FILE: IpcPayload(state.objects, compression, {}),
-        REPLICAS_FILE: IpcPayload(state.replicas, compression,
-                                  {_NEXT_ID_KEY: str(int(state.replica_next_id)).encode()}),
-        SEGMENTS_FILE: IpcPayload(state.segments, compression, {}),
+        OBJECTS_FILE: payload(objects, {}),
+        REPLICAS_FILE: payload(replicas, {_NEXT_ID_KEY: str(int(replica_next_id)).encode()}),
+        SEGMENTS_FILE: payload(segments, {}),
     }
-    if state.checksums.num_rows:
-        files[CHECKSUMS_FILE] = IpcPayload(state.checksums, compression, {})
+    if checksums is not None:
+        files[CHECKSUMS_FILE] = payload(checksums, {})
     return {**files, DIGEST_FILE: DigestPayload(files)}
 
 

@@ -36,7 +36,8 @@ from .forked import FORK_AVAILABLE, IdFromParent, WriterProcess, fork_writer, pr
 from .manifest import SnapshotIdAllocator
 from .repository import SnapshotRepository
 from .state import SnapshotState
-from .writer import Published, publish_state
+from . import streamed
+from .writer import Published, publish_payloads, publish_state
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -224,9 +225,14 @@ class SnapshotManager:
 
     def _write_in_child(self, system_ns: int, steady_ns: int, ids: IdFromParent) -> dict:
         """In the forked child: the master's columns are this process's own, so no copy."""
-        state = frozen_state(freeze(self.master.store, None))
-        published = publish_state(self.repo, state, system_ns, steady_ns, ids=ids, compression=self.compression,
-                                  keys_known_unique=True, prefault=self.prefault)
+        frozen = freeze(self.master.store, None)
+        if frozen.rows <= streamed.STREAM_ROWS:  # one range: the whole-state write (fewer passes)
+            published = publish_state(self.repo, frozen_state(frozen), system_ns, steady_ns, ids=ids,
+                                      compression=self.compression, keys_known_unique=True, prefault=self.prefault)
+        else:  # range by range: the writer's own memory stays about one range's tables
+            published = publish_payloads(self.repo, streamed.frozen_payloads(frozen, self.compression),
+                                         system_ns, steady_ns, ids=ids,
+                                         warm_bytes=streamed.estimated_bytes(frozen) if self.prefault else 0)
         # the child's own memory with the tables still alive (its RSS also counts shared pages)
         return {"snapshot_id": published.snapshot_id, "stored_bytes": published.stored_bytes,
                 "private_bytes": private_bytes()}

@@ -46,10 +46,19 @@ def publish_state(repo: SnapshotRepository, state: SnapshotState, system_now_ns:
         payloads = encode_v1(state.plain(), system_now_ns=system_now_ns, steady_now_ns=steady_now_ns)
     else:
         payloads = state_payloads(state, compression, keys_known_unique=keys_known_unique)
+    warm = sum(t.nbytes for t in (state.objects, state.replicas, state.segments)) if prefault and not v1 else 0
+    return publish_payloads(repo, payloads, system_now_ns, steady_now_ns, ids=ids, v1=v1, warm_bytes=warm)
+
+
+def publish_payloads(repo: SnapshotRepository, payloads: Mapping[str, Data], system_now_ns: int,
+                     steady_now_ns: int, *, ids: IdSource | None = None, v1: bool = False,
+                     warm_bytes: int = 0) -> Published:
+    """Publish encoded ``payloads`` (see :func:`publish_state`). ``warm_bytes``: about the files'
+    bytes, warmed in fresh memory before writing to a local repository, less what recycled
+    files cover (see :mod:`..memory`)."""
     sid = (ids or SnapshotIdAllocator(repo.list)).next_id(system_now_ns)
     manifest = (v1_manifest(sid) if v1 else v2_manifest(sid, system_now_ns, steady_now_ns)).encode()
-    if prefault and repo.is_local and not v1:  # about the files' bytes, less what recycled files cover
-        warm_free_memory(sum(t.nbytes for t in (state.objects, state.replicas, state.segments))
-                         - repo.recycled_bytes())
+    if warm_bytes and repo.is_local:
+        warm_free_memory(warm_bytes - repo.recycled_bytes())
     repo.publish(sid, payloads, manifest)
     return Published(sid, sum(map(stored_size, payloads.values())) + len(manifest))

@@ -238,26 +238,34 @@ class FrozenRows:
 
     def _replica_slots(self) -> None:
         """Which slots the replicas table takes (``src`` rows, ``slot``), each one's object
-        (``r_idx``, from 0 in this range) and its size."""
+        (``r_idx``, from 0 in this range) and its size. (No closure over ``self`` here: a
+        reference cycle would keep each range's arrays alive until a garbage collection.)"""
         c, alloc = self.f.columns, self.alloc
         status = self.rows(c["replica_status"])
         self.used = status != ST_EMPTY
+        self.one_slot = self.chains is None and bool(self.used.all()) and status.shape[1] == 1
         if self.chains is not None:
             k, self.slot = np.nonzero(self.chains[2])
             self.r_idx, self.src = self.chains[0][k], self.chains[1][k]
-            self._rep = lambda name: c[name][self.src, self.slot]
             self.src_size = c["size_bytes"][self.src]  # a continuation row carries its object's size
             return
-        if self.used.all() and status.shape[1] == 1:  # one replica per object: every column is a view
+        if self.one_slot:  # one replica per object: every column is a view
             self.r_idx = _iota(alloc("object_index", (self.n,), np.dtype(np.int64)), 0)
             self.slot = np.zeros(self.n, np.int64)
-            self._rep = lambda name: self.rows(c[name])[:, 0]
             self.src_size = self.rows(c["size_bytes"])
         else:
             self.r_idx, self.slot = np.nonzero(self.used)
-            self._rep = lambda name: self.rows(c[name])[self.r_idx, self.slot]
             self.src_size = self.rows(c["size_bytes"])[self.r_idx]
         self.src = (_iota(np.empty(self.n, np.int64), self.lo) if self.live is None else self.live)[self.r_idx]
+
+    def _rep(self, name: str) -> np.ndarray:
+        """Replica slot column ``name`` at the replicas table's slots."""
+        column = self.f.columns[name]
+        if self.chains is not None:
+            return column[self.src, self.slot]
+        if self.one_slot:
+            return self.rows(column)[:, 0]
+        return self.rows(column)[self.r_idx, self.slot]
 
     def _segment_codes(self, with_clients: bool) -> np.ndarray:
         """Each replica's code in the segment column's dictionary (segment codes, then with

@@ -1,0 +1,84 @@
+"""A v2 snapshot written range by range (snapshots/streamed.py): the same tables as a
+whole-state write, in more record batches, and what a forked writer publishes above
+STREAM_ROWS rows."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from mooncake_columnar.clock import NS_PER_S, ManualClocks
+from mooncake_columnar.messages import ReplicateConfig
+from mooncake_columnar.schema import SoftPinAction
+from mooncake_columnar.snapshots import streamed
+from mooncake_columnar.snapshots.arrow_codec import OBJECTS_FILE, REPLICAS_FILE, decode_state, encode_state
+from mooncake_columnar.snapshots.forked import FORK_AVAILABLE
+from mooncake_columnar.snapshots.manager import SnapshotManager, restore_master
+from mooncake_columnar.snapshots.repository import SnapshotRepository
+from mooncake_columnar.store.arrow_export import freeze, frozen_state
+from mooncake_columnar.testing.builders import canonical, make_master, put_objects
+
+
+def _varied_master():
+    """Objects of every shape a range boundary can cut: two tenants, groups, soft and hard pins,
+    wide objects (continuation rows), one still in flight, and removed rows (gathered columns)."""
+    clocks = ManualClocks(steady_ns=1_000 * NS_PER_S, system_ns=1_796_000_000 * NS_PER_S)
+    m = make_master(clocks, segments=6, max_replica_num=6)
+    put_objects(m, [f"plain{i}" for i in range(40)])
+    for i in range(9):
+        m.put_start(f"t{i}", 1000, client_id="c0", config=ReplicateConfig(tenant_id="other"))
+        m.put_end(f"t{i}", client_id="c0", tenant_id="other")
+    put_objects(m, [f"g{i}" for i in range(7)], group_id="grp")
+    put_objects(m, [f"soft{i}" for i in range(5)], soft_pin_action=SoftPinAction.ENABLE)
+    put_objects(m, [f"hard{i}" for i in range(3)], hard_pin=True)
+    put_objects(m, [f"wide{i}" for i in range(4)], replica_num=6)
+    m.put_start("inflight", 1000, client_id="c0", config=ReplicateConfig(replica_num=2))
+    m.batch_remove([f"plain{i}" for i in range(0, 40, 3)], force=True)
+    return m, clocks
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 10_000])
+def test_ranges_write_the_tables_of_a_whole_state_write(rows: int) -> None:
+    m, _ = _varied_master()
+    frozen = freeze(m.store, None)
+    whole = decode_state(encode_state(frozen_state(frozen)))
+    payloads = {name: p.to_buffer() for name, p in streamed.frozen_payloads(frozen, None, rows).items()}
+    parts = decode_state(payloads)
+    for name in ("objects", "replicas", "segments", "checksums"):
+        assert getattr(parts, name).equals(getattr(whole, name)), name
+    assert parts.replica_next_id == whole.replica_next_id
+    batches = pa.ipc.open_file(payloads[OBJECTS_FILE]).num_record_batches
+    assert (batches > 1) == (rows < frozen.rows)  # one per range holding a live object
+    assert pa.ipc.open_file(payloads[REPLICAS_FILE]).num_record_batches == batches
+
+
+def test_a_range_that_fails_validation_publishes_nothing(tmp_path: Path) -> None:
+    m, _ = _varied_master()
+    frozen = freeze(m.store, None)
+    frozen.columns["size_bytes"][frozen.rows - 1] = 0  # a forged value in the last range only
+    repo = SnapshotRepository(tmp_path)
+    from mooncake_columnar.errors import SnapshotFieldError
+    from mooncake_columnar.snapshots.writer import publish_payloads
+    with pytest.raises(SnapshotFieldError):
+        publish_payloads(repo, streamed.frozen_payloads(frozen, None, 16), 1, 1)
+    assert repo.published() == []
+
+
+@pytest.mark.skipif(not FORK_AVAILABLE, reason="fork() is POSIX only")
+def test_forked_writer_above_stream_rows_publishes_range_by_range(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streamed, "STREAM_ROWS", 16)
+    m, clocks = _varied_master()
+    at_call = canonical(m)
+    repo = SnapshotRepository(tmp_path)
+    with SnapshotManager(m, repo, freeze="fork", prefault=False) as manager:
+        future = manager.snapshot_now(background=True)
+        m.batch_remove(["g2", "wide3"], force=True)  # after the fork: not in the snapshot
+        sid = future.result()
+    objects = pa.ipc.open_file(pa.memory_map(str(tmp_path / repo.cluster_id / sid / OBJECTS_FILE)))
+    assert objects.num_record_batches > 1
+    new = ManualClocks(steady_ns=7 * NS_PER_S, system_ns=clocks.system_ns() + NS_PER_S)
+    restored, _ = restore_master(repo, config=None, clocks=new, snapshot_restore_drop_expired=False, prefault=False)
+    assert canonical(restored) == at_call
+    restored.verify()
