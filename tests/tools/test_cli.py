@@ -52,3 +52,11 @@ def test_bench_endtoend_runs_every_step_with_its_peak_rss(capsys):
     for baseline in ("baseline_lease_copy_seconds", "baseline_fresh_memory_seconds",
                      "bootstrap_remount_baseline_lease_copy_seconds"):
         assert result[baseline] > 0, baseline
+
+
+def test_bench_endtoend_records_a_failed_fresh_process_instead_of_losing_the_run(tmp_path):
+    """A restore killed for memory at a size this machine cannot hold must not cost the figures
+    of the steps before it: the failed step reports its error and exit status."""
+    from mooncake_columnar.tools.bench_endtoend import _fresh_process
+    failed = _fresh_process("restore", str(tmp_path / "no-snapshots"), 0)
+    assert failed["exit_status"] != 0 and "NoUsableSnapshot" in failed["error"]
