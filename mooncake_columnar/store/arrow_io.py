@@ -298,21 +298,24 @@ def export_tables(m: "MetadataStore") -> "SnapshotState":
 # ---- loading --------------------------------------------------------------------------------------
 def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable: bool) -> None:
     """Fill an EMPTY master from a validated state (objects table order = replica object_index)."""
+    from ..snapshots.mapped import release_mapped
     segments = state.segments
     # segments first: replica segment names resolve to their codes
     for name, endpoint, client, base, size, segment_id, host_id in zip(*(segments.column(c).to_pylist() for c in (
             "name", "endpoint", "client", "base", "size", "segment_id", "host_id"))):
         m.segments.mount(Segment(name, endpoint, client, int(base), int(size), segment_id, host_id),
                          readable=segments_readable)
-    rows = append_objects(m, state.objects, state.replicas)
+    rows = append_objects(m, state.objects, state.replicas, release_mapped)
     m.objects.set_checksums(rows[state.checksums.column("object_index").to_numpy()],
                             state.checksums.column("checksum").to_numpy())
     _rebuild_allocators(m, rows)
 
 
-def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table) -> np.ndarray:
+def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table,
+                   after_pass: Callable[[], None] = lambda: None) -> np.ndarray:
     """Add the objects of a state's tables (:meth:`MetadataStore.insert_objects`: their (tenant,
-    key) must be new, replica segments mounted). Returns the new rows in table order."""
+    key) must be new, replica segments mounted). Returns the new rows in table order.
+    ``after_pass``: see :func:`.inserts.insert_objects`."""
     from ..snapshots.state import name_codes
     from .keys import as_string_array, string_buffers
     n = objects.num_rows
@@ -343,7 +346,7 @@ def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table) ->
         replica_object=values(replicas, "object_index"),
         replica_segment=m.replica_locations(kind, *name_codes(replicas.column("segment"))),
         replica_kind=kind, replica_status=values(replicas, "status"), replica_offset=values(replicas, "offset"),
-        replica_id=values(replicas, "replica_id")))
+        replica_id=values(replicas, "replica_id")), after_pass)
 
 
 def _rebuild_allocators(m: "MetadataStore", rows: np.ndarray) -> None:
