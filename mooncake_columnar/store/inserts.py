@@ -71,20 +71,23 @@ def insert_objects(m: MetadataStore, new: NewObjects, after_pass: Callable[[], N
         m.inflight.started(slots, new.put_start_ms[processing])
     _insert_keys(m, rows, new.key_offsets, new.key_data, after_pass)
     _link_groups(m, rows, new.group)
-    _place_replicas(o, rows, new, after_pass, fresh=isinstance(sel, slice))
+    _place_replicas(o, rows, new, after_pass, fresh=sel if isinstance(sel, slice) else None)
     return rows
 
 
 def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
-    """(rows, selector) for ``n`` new objects. An empty table takes rows 0..n-1 and its columns
-    are written by slice (take_rows' per-row clear would scatter through a row index)."""
-    if o.high_water == 0 and o.free_count == 0:
+    """(rows, selector) for ``n`` new objects. A table without free rows (an empty one, or one
+    a restore fills batch by batch) takes the next n rows past its high water, never used
+    since its columns were allocated, and they are written by slice (take_rows' per-row clear
+    would scatter through a row index)."""
+    if o.free_count == 0:
+        lo = o.high_water
         o.reserve(n)
-        o.high_water = o.live_count = n
-        rows = np.arange(n, dtype=np.int64)
-        o.replica_refcnt[:n] = 0  # the other columns are written by insert_objects
-        o.group_next[:n] = rows
-        return rows, slice(0, n)
+        o.high_water, o.live_count = lo + n, o.live_count + n
+        rows = np.arange(lo, lo + n, dtype=np.int64)
+        o.replica_refcnt[lo:lo + n] = 0  # the other columns are written by insert_objects
+        o.group_next[lo:lo + n] = rows
+        return rows, slice(lo, lo + n)
     rows = o.take_rows(n)
     return rows, rows
 
@@ -129,8 +132,9 @@ def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
 
 
 def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, after_pass: Callable[[], None], *,
-                    fresh: bool) -> None:
-    """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
+                    fresh: slice | None) -> None:
+    """Replica slot = rank of the replica within its object (``fresh``: the never-used rows'
+    slice, the rows in order; None: rows taken by take_rows, cleared)."""
     oi = new.replica_object
     if oi.size and (oi[1:] > oi[:-1]).all():
         slot = None  # the usual case: one replica per object, in object order
@@ -143,13 +147,13 @@ def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, after_pas
     counts = None if slot is None else np.bincount(oi, minlength=rows.size)
     # the slot columns widen to the commonly used counts only; wider objects get continuation rows
     o.ensure_slots(1 if counts is None else int(counts[counts <= o.hot_slots_max].max(initial=1)))
-    if slot is None and fresh and oi.size == rows.size and o.slots == 1:
-        target: tuple = (slice(0, oi.size), 0)  # object i's only replica fills row i's only slot
+    if slot is None and fresh is not None and oi.size == rows.size and o.slots == 1:
+        target: tuple = (fresh, 0)  # object i's only replica fills row i's only slot
     else:
-        if fresh:  # slots no replica fills are empty
+        if fresh is not None:  # slots no replica fills are empty
             for name, fill in (("replica_status", ST_EMPTY), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
                                ("replica_offset", 0), ("replica_id", 0)):
-                getattr(o, name)[:rows.size] = fill
+                getattr(o, name)[fresh] = fill
         target = (rows[oi], 0 if slot is None else slot)
         if slot is not None and int(slot.max(initial=0)) >= o.slots:
             target = _chained_target(o, rows, oi, slot)
