@@ -16,25 +16,20 @@ import weakref
 
 import pyarrow as pa
 
-# id(buffer) -> (weak reference to the buffer, its mapping): the mappings still in use
-_MAPPINGS: dict[int, tuple[weakref.ref, mmap.mmap]] = {}
+# the mappings still in use: a mapping lives while any buffer or Arrow array over it does
+_MAPPINGS: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
 _CAN_RELEASE = hasattr(mmap, "MADV_DONTNEED") and hasattr(mmap.mmap, "madvise")
 
 
 def map_file(path: str) -> pa.Buffer:
     """The bytes of the regular file ``path``, memory-mapped read-only (an empty file: an empty
-    buffer). The mapping lives as long as the buffer or any slice of it."""
+    buffer). The mapping lives as long as the buffer, a slice of it or an Arrow array over it."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return pa.py_buffer(b"")
         mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    buffer = pa.py_buffer(mapping)
-    key = id(buffer)
-
-    def forget(_: weakref.ref) -> None:  # the buffer is gone: so is the mapping, once unused
-        _MAPPINGS.pop(key, None)
-    _MAPPINGS[key] = (weakref.ref(buffer, forget), mapping)
-    return buffer
+    _MAPPINGS.add(mapping)
+    return pa.py_buffer(mapping)
 
 
 def release_mapped() -> None:
@@ -43,6 +38,5 @@ def release_mapped() -> None:
     platform has no madvise."""
     if not _CAN_RELEASE:
         return
-    for ref, mapping in list(_MAPPINGS.values()):
-        if ref() is not None:
-            mapping.madvise(mmap.MADV_DONTNEED)
+    for mapping in list(_MAPPINGS):
+        mapping.madvise(mmap.MADV_DONTNEED)
