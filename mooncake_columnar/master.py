@@ -33,7 +33,8 @@ from .policies.recovery import RemountReport
 from .policies.segments import ClientLiveness, require_client
 from .policies.views import ReplicaColumns
 from .schema import MAX_KEY_BYTES, OBJECTS_ARROW_SCHEMA, PingStatus
-from .store.arrow_io import export_tables, load_tables
+from .store.arrow_export import export_tables
+from .store.arrow_io import load_tables
 from .store.keys import as_string_array, string_buffers
 from .store.metadata import MetadataStore
 from .store.segments import Segment

@@ -30,7 +30,7 @@ from ..config import MasterConfig
 from ..errors import (InvalidParams, NoUsableSnapshot, RollbackRefused, SnapshotPublishError,
                       SnapshotStorageUnavailable)
 from .memory import FreeMemoryWarmer, prefault
-from ..store.arrow_io import FrozenColumns, freeze, frozen_state
+from ..store.arrow_export import FrozenColumns, freeze, frozen_state
 from .complete import RestoreStats, max_granted_ttl_ns, restore_latest_with
 from .forked import FORK_AVAILABLE, IdFromParent, WriterProcess, fork_writer, private_bytes
 from .manifest import SnapshotIdAllocator
@@ -61,7 +61,7 @@ class _FreezeBuffers:
     def reserve(self, rows: int, slots: int) -> None:
         """Make every buffer hold ``rows`` rows (with headroom for growth), faulted in."""
         from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
-        from ..store.arrow_io import FROZEN_OBJECT_COLUMNS, FROZEN_REPLICA_COLUMNS
+        from ..store.arrow_export import FROZEN_OBJECT_COLUMNS, FROZEN_REPLICA_COLUMNS
         cap = rows + rows // 8 + 1024
         fresh = []
         for name in (*FROZEN_OBJECT_COLUMNS, *FROZEN_REPLICA_COLUMNS):

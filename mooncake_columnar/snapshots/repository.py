@@ -20,7 +20,6 @@ module fails closed:
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
 import logging
 import math
@@ -43,7 +42,7 @@ from ..errors import (
     SnapshotPublishError,
     SnapshotStorageUnavailable,
 )
-from .arrow_codec import DIGEST_FILE, OPTIONAL_PAYLOAD_FILES, PAYLOAD_FILES
+from .arrow_codec import DIGEST_FILE
 from .mapped import map_file
 from .manifest import (
     MANIFEST_FILE,
@@ -55,6 +54,7 @@ from .manifest import (
     parse_manifest,
     snapshot_id_ms,
 )
+from .recycle import RecycleBin
 
 from .layout import (  # noqa: F401 (re-exported: the repository's layout names)
     CLUSTER_FILES,
@@ -75,9 +75,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_ATTEMPTS = 2
 DEFAULT_UNPUBLISHED_GRACE_S = 3600.0
-# Under the cluster directory; not a snapshot id, so listings and retention never see it.
-RECYCLE_DIR = ".recycle"
-RECYCLED_FILES = (*PAYLOAD_FILES, *OPTIONAL_PAYLOAD_FILES)
 
 
 # What a file is written from: bytes-like, or an object that streams itself (``write_to(sink)``,
@@ -176,6 +173,7 @@ class SnapshotRepository:
         self.backup_dir = Path(backup_dir) if backup_dir is not None else None
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
         self._real_root = os.path.realpath(self.root or "/") if self._local else None
+        self._recycle_bin = RecycleBin(self.base, self._inside_root) if self._local else None
 
     @property
     def is_local(self) -> bool:
@@ -237,7 +235,7 @@ class SnapshotRepository:
             self.fs.create_dir(parent, recursive=True)
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             try:
-                fd = self._take_recycled(path.rsplit("/", 1)[1], tmp)
+                fd = self._recycle_bin.take(path.rsplit("/", 1)[1], tmp) if self._recycle_bin else None
                 if fd is None:
                     with self.fs.open_output_stream(tmp) as out:
                         _write(out, data)
@@ -550,7 +548,7 @@ class SnapshotRepository:
         are never counted, so they cannot push the last good snapshot out. A storage error while
         judging any directory raises SnapshotStorageUnavailable before anything is deleted.
         ``recycle`` (local only): a deleted published snapshot's payload files are kept for the
-        next snapshot's writer to overwrite in place (see ``_recycle``).
+        next snapshot's writer to overwrite in place (see :mod:`.recycle`).
         """
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise InvalidParams(f"retain count must be an int >= 1, got {count!r}")
@@ -574,67 +572,14 @@ class SnapshotRepository:
         keep = set(published[:count]) | {latest}
         doomed = [sid for sid in ids if sid not in keep and (sid in stale or sid in published)]
         for sid in doomed:
-            if recycle and sid in published:
-                self._recycle(sid)
+            if recycle and sid in published and self._recycle_bin is not None:
+                self._recycle_bin.keep(self._dir(sid))
             self._delete_snapshot(sid)
         return doomed
 
-    # ---- recycled payload files (local only) ------------------------------------------------------
-    # A deleted file's page cache is freed memory, which a VM with free page reporting hands back
-    # to its host: the next snapshot's files would fault every page in again (about 2 ms per MB
-    # here). Payloads that retention deletes can instead wait in RECYCLE_DIR (one snapshot's worth
-    # of disk) and the next writer overwrites them in place, over pages still resident.
-    def _recycle_dir(self) -> str | None:
-        path = f"{self.base}/{RECYCLE_DIR}"
-        return path if self._local and self._inside_root(self.base) else None
-
-    def _recycle(self, snapshot_id: str) -> None:
-        """Move ``snapshot_id``'s payload files (regular files only) into the recycle directory."""
-        target, source = self._recycle_dir(), self._dir(snapshot_id)
-        if target is None or os.path.islink(source) or not self._inside_root(source):
-            return  # a planted link: its files are not ours to keep
-        try:
-            os.makedirs(target, exist_ok=True)
-            if os.path.islink(target) or not self._inside_root(target):
-                return
-            for name in RECYCLED_FILES:
-                src = self._file(snapshot_id, name)
-                if os.path.lexists(src) and stat.S_ISREG(os.lstat(src).st_mode):
-                    os.replace(src, f"{target}/{name}")
-        except OSError as e:  # only an optimisation: the snapshot is deleted anyway
-            log.info("snapshot retention: not recycling %s: %s", snapshot_id, e)
-
-    def _take_recycled(self, name: str, tmp: str) -> int | None:
-        """A recycled ``name`` renamed to ``tmp`` and opened for writing in place, or None. A
-        symlink or a file with other links (planted, not ours) is dropped, never written through."""
-        target = self._recycle_dir()
-        if target is None or name not in RECYCLED_FILES or os.path.islink(target):
-            return None
-        try:
-            os.rename(f"{target}/{name}", tmp)
-        except OSError:  # none waiting (or another writer took it)
-            return None
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:
-            os.unlink(tmp)
-            return None
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-            os.close(fd)
-            os.unlink(tmp)
-            return None
-        return fd
-
     def recycled_bytes(self) -> int:
         """Bytes of recycled payload files waiting for the next snapshot (0 on S3)."""
-        target = self._recycle_dir()
-        total = 0
-        for name in RECYCLED_FILES if target is not None else ():
-            with contextlib.suppress(OSError):
-                info = os.lstat(f"{target}/{name}")
-                total += info.st_size if stat.S_ISREG(info.st_mode) else 0
-        return total
+        return self._recycle_bin.stored_bytes() if self._recycle_bin is not None else 0
 
     def _delete_snapshot(self, snapshot_id: str) -> None:
         path = self._dir(snapshot_id)

@@ -11,6 +11,8 @@ from mooncake_columnar.kernels import hashing as hk
 from mooncake_columnar.store.keys import KeyIndex, as_string_array, string_buffers
 from mooncake_columnar.store.objects import ObjectTable
 
+from ..sizes import compiled_or_plain
+
 pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
 
 
@@ -60,7 +62,7 @@ def _index_with_keys(n: int, tenants: int, capacity: int) -> tuple[KeyIndex, Obj
     return index, objects, keys, tenant
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=compiled_or_plain(8, 2), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), fraction=st.floats(0.4, 1.0))
 def test_bulk_delete_across_region_boundaries_matches_one_by_one(seed, fraction):
     """The parallel bulk delete (regions of a small, 75%-full table: many probe runs cross a

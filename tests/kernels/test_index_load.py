@@ -16,6 +16,8 @@ from mooncake_columnar.kernels.index_load import (
 from mooncake_columnar.store.keys import string_buffers
 from mooncake_columnar.tools.synthetic import synthetic_keys
 
+from ..sizes import compiled_or_plain
+
 pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
 
 
@@ -37,7 +39,8 @@ def _table(n: int) -> np.ndarray:
     return np.full(1 << max(4, int(np.ceil(np.log2(n / 0.7)))), hk.EMPTY_SLOT, np.int64)
 
 
-@pytest.mark.parametrize("n", [1, 1000, 70_000])
+# the largest: many build windows (at least 8 of 4096 slots), so probes cross window ends
+@pytest.mark.parametrize("n", [1, 1000, compiled_or_plain(70_000, 12_000)])
 def test_bulk_index_answers_like_sequential_inserts(n: int) -> None:
     offsets, arena, refs, tenants = _keys(n)
     rows = np.random.default_rng(1).permutation(n).astype(np.int64)
@@ -59,21 +62,22 @@ def test_bulk_index_answers_like_sequential_inserts(n: int) -> None:
 
 
 def test_bulk_index_reports_a_duplicate() -> None:
-    keys = synthetic_keys(0, 70_000)
+    last = compiled_or_plain(70_000, 12_000)  # (several build windows)
+    keys = synthetic_keys(0, last)
     offsets, data = string_buffers(keys)
-    arena = np.concatenate([data, data[32 * 123: 32 * 124]])  # row 70_000 repeats row 123's key
+    arena = np.concatenate([data, data[32 * 123: 32 * 124]])  # row `last` repeats row 123's key
     offsets = np.append(offsets, offsets[-1] + 32)
-    n = 70_001
+    n = last + 1
     refs = np.empty(n, np.int64)
     assert set_key_refs(refs, np.arange(n), offsets, 0)
     tenants = np.zeros(n, np.int32)
     dup = bulk_insert_unique(_table(n), np.arange(n, dtype=np.int64), arena, refs, tenants)
-    assert dup in (123, 70_000)
-    tenants[70_000] = 1  # the same bytes under another tenant are another key
+    assert dup in (123, last)
+    tenants[last] = 1  # the same bytes under another tenant are another key
     assert bulk_insert_unique(_table(n), np.arange(n, dtype=np.int64), arena, refs, tenants) == -1
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=compiled_or_plain(60, 20), deadline=None)
 @given(n=st.integers(1, 9000), load=st.floats(0.05, 0.97), n_dups=st.integers(0, 3),
        seed=st.integers(0, 2**32 - 1))
 def test_bulk_index_on_crowded_tables_matches_sequential_inserts(n: int, load: float, n_dups: int,

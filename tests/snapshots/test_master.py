@@ -693,7 +693,7 @@ def test_phase3_property_restored_deadlines_follow_the_formula(
 def test_phase3_frozen_columns_ignore_later_mutations_and_arena_compaction(tmp_path: Path) -> None:
     """The lock covers only the column copy; the key arena is referenced, not copied, which is
     safe because it is append-only (compaction and growth build a new array)."""
-    from mooncake_columnar.store.arrow_io import frozen_state
+    from mooncake_columnar.store.arrow_export import frozen_state
     m, clocks = build_scenario()
     for i in range(300):
         _put(m, f"churn_{i:04d}", size=500 + i)

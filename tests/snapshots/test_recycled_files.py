@@ -8,7 +8,8 @@ from pathlib import Path
 from mooncake_columnar.clock import NS_PER_S, ManualClocks
 from mooncake_columnar.snapshots.arrow_codec import OBJECTS_FILE, PAYLOAD_FILES
 from mooncake_columnar.snapshots.manager import SnapshotManager, restore_master
-from mooncake_columnar.snapshots.repository import RECYCLE_DIR, SnapshotRepository
+from mooncake_columnar.snapshots.recycle import RECYCLE_DIR
+from mooncake_columnar.snapshots.repository import SnapshotRepository
 from mooncake_columnar.testing.builders import canonical, make_master, put_objects
 
 

@@ -29,7 +29,8 @@ def _asv(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
 
 
-@pytest.mark.timeout(1200)  # every benchmark once, in a subprocess: about 140 s alone, slower on a busy host
+@pytest.mark.timeout(1200)  # every benchmark once, each forked from a server that imported the suite once
+# (asv.conf.json launch_method: about 40% less than a fresh interpreter each); minutes on a busy host
 def test_asv_quick_dry_run_passes(tmp_path: Path) -> None:
     assert importlib.util.find_spec("asv") is not None, "asv is not installed in this interpreter"
     env = dict(os.environ, HOME=str(tmp_path),  # asv machine writes ~/.asv-machine.json
