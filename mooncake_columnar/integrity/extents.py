@@ -202,18 +202,13 @@ def _finish(capacity, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, st
 
 
 @njit(inline="always", cache=True)
-def _visit(s, o, e, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state, allocatable, err):
-    """One held extent [o, e) of segment ``s`` in the tiling walk (extents come in start order)."""
-    if state[s, _NEXT] <= o:
-        state[s, _NEXT] = _advance(s, o, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds,
-                                   state, allocatable, err)
-    cursor = state[s, _CURSOR]
-    k, state[s, _CURSOR] = _step(o, e, cursor, state[s, _AFTER_FREE] != 0, allocatable[s])
-    if k >= 0:
-        _record(err, k, s, cursor if k == _T_GAP else o)
-    if e > cursor:
-        state[s, _AFTER_FREE] = 0
-    state[s, _HELD] += e - o
+def _held_step(o, e, cursor, after_free, allocatable):
+    """One held extent [o, e) of a segment in the tiling walk (extents come in start order),
+    once the free and discarded extents before it are visited: (problem or -1, where, new
+    cursor, new after-free flag). Scalars only: the walk calls it per replica, and a helper that
+    takes the walk's arrays costs Numba's reference counting of each, per call (20x the walk)."""
+    k, new_cursor = _step(o, e, cursor, after_free != 0, allocatable)
+    return k, (cursor if k == _T_GAP else o), new_cursor, (0 if e > cursor else after_free)
 
 
 @njit(cache=True, nogil=True)
@@ -232,8 +227,15 @@ def _tile_rows(hw, status, kind, seg, off, size, unit_bits, capacity, allocatabl
                 continue
             s = np.int64(seg[r, j])
             o = off[r, j]
-            _visit(s, o, ak.held_end(o, size[r], unit_bits[s], capacity[s]), f_off, f_end, fi, f_bounds,
-                   d_off, d_end, di, d_bounds, state, allocatable, err)
+            e = ak.held_end(o, size[r], unit_bits[s], capacity[s])
+            if state[s, _NEXT] <= o:  # free or discarded extents come first (rare: once per extent)
+                state[s, _NEXT] = _advance(s, o, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds,
+                                           state, allocatable, err)
+            k, at, state[s, _CURSOR], state[s, _AFTER_FREE] = _held_step(o, e, state[s, _CURSOR],
+                                                                         state[s, _AFTER_FREE], allocatable[s])
+            if k >= 0:
+                _record(err, k, s, at)
+            state[s, _HELD] += e - o
     _finish(capacity, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state, allocatable, err)
     return err
 
@@ -277,8 +279,15 @@ def _tile_sorted(starts, ends, bounds, capacity, allocatable, f_off, f_end, f_bo
     err = np.full((3, 2), -1, np.int64)
     for s in range(n):
         for i in range(bounds[s], bounds[s + 1]):
-            _visit(s, starts[i], ends[i], f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state,
-                   allocatable, err)
+            o, e = starts[i], ends[i]
+            if state[s, _NEXT] <= o:
+                state[s, _NEXT] = _advance(s, o, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds,
+                                           state, allocatable, err)
+            k, at, state[s, _CURSOR], state[s, _AFTER_FREE] = _held_step(o, e, state[s, _CURSOR],
+                                                                         state[s, _AFTER_FREE], allocatable[s])
+            if k >= 0:
+                _record(err, k, s, at)
+            state[s, _HELD] += e - o
     _finish(capacity, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds, state, allocatable, err)
     return err
 

@@ -29,6 +29,7 @@ from . import hashing as hk
 # At most 1024 windows (128 KiB of table each at 16M slots), each at least 4096 slots.
 _MAX_WINDOWS = 1024
 _MIN_WINDOW = 4096
+_BATCH_ROWS = 1 << 21  # rows per bulk_insert_unique batch: ~40 MB of temporaries
 _CHUNKS = 16  # parallel chunks of the hash and scatter passes (stable: chunk order is row order)
 
 
@@ -145,10 +146,20 @@ def bulk_insert_unique(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, k
     """``hashing.insert_rows_unique`` for many rows: insert ``rows`` (keys in ``arena`` via
     ``key_refs``, tenants in ``row_tenant``) into ``table``; returns the index into ``rows`` of
     a row whose (tenant, key) was already present (then the table holds an unspecified subset of
-    the rows: the caller discards it), or -1."""
+    the rows: the caller discards it), or -1. Rows go in batches of _BATCH_ROWS: the
+    per-row temporaries stay bounded (a duplicate of an earlier batch's row is found in the
+    table like any other present key)."""
     rows = np.ascontiguousarray(rows, np.int64)
-    if rows.size == 0:
-        return -1
+    for lo in range(0, rows.size, _BATCH_ROWS):
+        dup = _insert_batch(table, rows[lo:lo + _BATCH_ROWS], arena, key_refs, row_tenant)
+        if dup >= 0:
+            return lo + dup
+    return -1
+
+
+def _insert_batch(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, key_refs: np.ndarray,
+                  row_tenant: np.ndarray) -> int:
+    """:func:`bulk_insert_unique` for one batch of (at least one) rows."""
     size = table.shape[0]
     n_windows = max(1, min(_MAX_WINDOWS, size // _MIN_WINDOW))
     tags, counts = _hash_and_count(rows, arena, key_refs, row_tenant, size, n_windows)

@@ -30,6 +30,7 @@ from ..schema import (
     SEGMENTS_ARROW_SCHEMA,
     SEGMENTS_LEGACY_SCHEMA,
 )
+from .mapped import release_mapped
 from .state import SnapshotState, check_table
 
 if TYPE_CHECKING:
@@ -47,9 +48,20 @@ OPTIONAL_PAYLOAD_FILES = (CHECKSUMS_FILE,)
 DIGEST_VERSION = 2
 # digest version -> (entry field, checksum of a bytes-like)
 _CHECKSUMS: dict[int, tuple[str, Callable[[Buffer], str]]] = {
-    1: ("sha256", lambda data: hashlib.sha256(data).hexdigest()),
-    2: ("xxh3_128", lambda data: xxhash.xxh3_128_hexdigest(data)),
+    1: ("sha256", lambda data: _hexdigest(hashlib.sha256(), data)),
+    2: ("xxh3_128", lambda data: _hexdigest(xxhash.xxh3_128(), data)),
 }
+_CHECKSUM_CHUNK = 64 << 20  # bytes checksummed between two releases of the mapped pages
+
+
+def _hexdigest(hasher, data: Buffer) -> str:
+    """``hasher``'s digest of ``data``, fed in chunks; the pages of mapped files are let go
+    after each (:func:`.mapped.release_mapped`): checking a payload keeps little of it resident."""
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), _CHECKSUM_CHUNK):
+        hasher.update(view[start:start + _CHECKSUM_CHUNK])
+        release_mapped()
+    return hasher.hexdigest()
 _NEXT_ID_KEY = b"mooncake.replica_next_id"
 _COMPRESSIONS = (None, "zstd", "lz4")
 
@@ -254,6 +266,7 @@ def read_ipc(data: bytes | pa.Buffer, schema: pa.Schema | tuple[pa.Schema, ...],
         for field, column in zip(table.schema, table.columns):  # column by column: errors name it
             where = f"{name}.{field.name}"
             column.validate(full=True)
+            release_mapped()  # the pages it read: the file never stays resident as a whole
         where = name
         table.validate()
     # any Arrow error (invalid, key, not implemented, a malloc sized by a forged length...); a
@@ -292,4 +305,6 @@ def decode_state(payloads: dict[str, bytes | pa.Buffer], *, check_unique_keys: b
         replica_next_id=int(raw_next),
         checksums=checksums,
     )
-    return state.validate(check_unique_keys=check_unique_keys)
+    state.validate(check_unique_keys=check_unique_keys)
+    release_mapped()
+    return state

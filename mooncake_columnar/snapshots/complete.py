@@ -39,6 +39,7 @@ from ..kernels.predicates import lease_expired_mask
 from ..schema import ST_COMPLETE
 from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, optional_payloads
 from .convert import convert_steady_deadlines
+from .mapped import release_mapped
 from .manifest import SnapshotManifest, check_clock_pair, parse_manifest
 from .mooncake_v1 import V1_FILES, decode_v1
 from .mooncake_v1_allocator import DEFAULT_MAX_DECOMPRESSED_BYTES
@@ -197,6 +198,7 @@ def decode_candidate(repo: SnapshotRepository, snapshot_id: str, clocks: Clocks,
         except SnapshotFieldError as e:
             raise ManifestClockError(f"{snapshot_id}: steady_now_ns {manifest.steady_now_ns} contradicts "
                                      f"the deadlines: {e}") from e
+        release_mapped()  # the deadline columns' pages (now converted copies)
     else:
         payloads = {k: bytes(v) for k, v in repo.read_payloads(snapshot_id, V1_FILES).items()}
         state = decode_v1(payloads, restore_system_ns=restore_system_ns,

@@ -463,9 +463,10 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
     view = _RestoreView(repo)  # lists the storage: an unreachable one raises here, typed
     if prefault and repo.is_local:
         candidates = view.candidates()
-        if candidates:  # the engine holds about the payload's bytes; decoding adds a third more
-            # in the background while the candidate is decoded (mapped files: little allocation)
-            warmer = FreeMemoryWarmer(repo.stored_bytes(candidates[0]) * 4 // 3)
+        if candidates:  # the engine holds about the payload's bytes: most of them warmed in the
+            # background while the candidate is decoded (mapped files, their pages let go as
+            # read: little allocation); all of them at once would be the restore's peak RSS
+            warmer = FreeMemoryWarmer(repo.stored_bytes(candidates[0]) * 3 // 4)
 
     def build(state: SnapshotState) -> "MasterService":
         if warmer is not None:

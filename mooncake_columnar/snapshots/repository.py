@@ -43,6 +43,7 @@ from ..errors import (
     SnapshotStorageUnavailable,
 )
 from .arrow_codec import DIGEST_FILE
+from .mapped import map_file
 from .manifest import (
     MANIFEST_FILE,
     V1_TAG,
@@ -268,8 +269,7 @@ class SnapshotRepository:
                     raise SnapshotPayloadError(f"{path} is not a regular file")
                 if limit is not None and st.st_size > limit:
                     raise SnapshotPayloadError(f"{path} is {st.st_size} bytes, more than {limit}")
-                with pa.memory_map(path) as f:
-                    return f.read_buffer()
+                return map_file(path)  # pages let go by mapped.release_mapped
             # no stat first: opening an object already HEADs it (missing: FileNotFoundError)
             with self.fs.open_input_stream(path) as f:
                 data = f.read(limit + 1) if limit is not None else f.readall()

@@ -7,10 +7,11 @@ direction is :mod:`.arrow_export`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from numba import njit
 
 from ..errors import SegmentExtentsCorrupt, SnapshotExtentError
@@ -21,6 +22,7 @@ from ..schema import (
     FLAG_SOFT_PIN_ENABLED,
 )
 from .inserts import NewObjects
+from .keys import as_string_array, string_buffers
 from .rebuild import rebuild_all
 from .segments import Segment
 
@@ -40,24 +42,52 @@ def _or_flag(flags, bits, offset, bit):
 
 # ---- loading --------------------------------------------------------------------------------------
 def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable: bool) -> None:
-    """Fill an EMPTY master from a validated state (objects table order = replica object_index)."""
+    """Fill an EMPTY master from a validated state (objects table order = replica object_index),
+    LOAD_BATCH_ROWS objects at a time: the pages of a mapped snapshot file are let go after each
+    pass (snapshots/mapped.py), so a restore's peak is about the engine it fills."""
+    from ..snapshots.mapped import release_mapped
+    if m.objects.high_water or m.objects.free_count:
+        raise ValueError("load_tables fills an empty master")
     segments = state.segments
     # segments first: replica segment names resolve to their codes
     for name, endpoint, client, base, size, segment_id, host_id in zip(*(segments.column(c).to_pylist() for c in (
             "name", "endpoint", "client", "base", "size", "segment_id", "host_id"))):
         m.segments.mount(Segment(name, endpoint, client, int(base), int(size), segment_id, host_id),
                          readable=segments_readable)
-    rows = append_objects(m, state.objects, state.replicas)
+    objects, replicas = state.objects, state.replicas
+    key_bytes = int(pc.sum(pc.binary_length(objects.column("key"))).as_py() or 0)
+    m.keys.reserve(objects.num_rows, key_bytes)  # once: no index rehash or arena growth between batches
+    for lo, hi, r_lo, r_hi in _batches(objects.num_rows, replicas):  # batch by batch: bounded temporaries
+        append_objects(m, objects.slice(lo, hi - lo), replicas.slice(r_lo, r_hi - r_lo), release_mapped,
+                       first_object=lo)
+    rows = np.arange(objects.num_rows, dtype=np.int64)  # an empty master without free rows: appended in order
     m.objects.set_checksums(rows[state.checksums.column("object_index").to_numpy()],
                             state.checksums.column("checksum").to_numpy())
     _rebuild_allocators(m, rows)
 
 
-def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table) -> np.ndarray:
+LOAD_BATCH_ROWS = 1 << 21  # objects a restore loads at once: its temporaries stay bounded
+
+
+def _batches(n: int, replicas: pa.Table) -> list[tuple[int, int, int, int]]:
+    """(objects lo, hi, replicas lo, hi) of the load batches: LOAD_BATCH_ROWS objects with their
+    replicas each when the replicas come in object order (as written), else one batch."""
+    oi = replicas.column("object_index").to_numpy()
+    if n <= LOAD_BATCH_ROWS or not bool((oi[1:] >= oi[:-1]).all()):
+        return [(0, n, 0, oi.size)] if n else []
+    starts = np.arange(0, n, LOAD_BATCH_ROWS)
+    r_starts = np.searchsorted(oi, starts).tolist()
+    ends = [*starts[1:].tolist(), n]
+    return list(zip(starts.tolist(), ends, r_starts, [*r_starts[1:], oi.size]))
+
+
+def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table,
+                   after_pass: Callable[[], None] = lambda: None, first_object: int = 0) -> np.ndarray:
     """Add the objects of a state's tables (:meth:`MetadataStore.insert_objects`: their (tenant,
-    key) must be new, replica segments mounted). Returns the new rows in table order."""
+    key) must be new, replica segments mounted). Returns the new rows in table order.
+    ``after_pass``: see :func:`.inserts.insert_objects`. ``first_object``: the replicas'
+    object_index of ``objects``' first row (a batch of a larger table)."""
     from ..snapshots.state import name_codes
-    from .keys import as_string_array, string_buffers
     n = objects.num_rows
     # name columns as the store's codes: a lookup over each column's dictionary, no per-row string work
     tenant = m.tenants.codes(*name_codes(objects.column("tenant")))
@@ -83,10 +113,10 @@ def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table) ->
         lease_deadline_ns=values(objects, "lease_deadline_ns"),
         soft_pin_deadline_ns=values(objects, "soft_pin_deadline_ns"),
         put_start_ms=values(objects, "put_start_time_ms"),
-        replica_object=values(replicas, "object_index"),
+        replica_object=values(replicas, "object_index") - first_object,
         replica_segment=m.replica_locations(kind, *name_codes(replicas.column("segment"))),
         replica_kind=kind, replica_status=values(replicas, "status"), replica_offset=values(replicas, "offset"),
-        replica_id=values(replicas, "replica_id")))
+        replica_id=values(replicas, "replica_id")), after_pass)
 
 
 def _rebuild_allocators(m: "MetadataStore", rows: np.ndarray) -> None:

@@ -8,7 +8,7 @@ for objects wider than a row. Vectorized: loops over groups only, never per obje
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -22,6 +22,8 @@ from .rare_fields import SOFT_PIN_FLAGS
 if TYPE_CHECKING:
     from .metadata import MetadataStore
     from .objects import ObjectTable
+
+_KEY_COPY_CHUNK = 64 << 20  # key bytes copied into the arena between two after_pass calls
 
 
 @dataclass(frozen=True)
@@ -47,52 +49,65 @@ class NewObjects:
     replica_id: np.ndarray          # uint64
 
 
-def insert_objects(m: MetadataStore, new: NewObjects) -> np.ndarray:
+def insert_objects(m: MetadataStore, new: NewObjects, after_pass: Callable[[], None] = lambda: None) -> np.ndarray:
     """Add objects whose (tenant, key) are new (else SnapshotIntegrityError, nothing indexed
     twice); memory replicas' segments must be mounted, their extents are not allocated here
-    (the caller installs the free lists). Returns the new rows in order."""
+    (the caller installs the free lists). Returns the new rows in order. ``after_pass`` runs
+    after each pass over some of ``new``'s columns (a restore lets go of the pages of the
+    memory-mapped file they lie in: snapshots/mapped.py)."""
     o = m.objects
     rows, sel = _new_rows(o, new.size_bytes.size)
     for name in ("tenant", "client", "size_bytes", "data_type", "flags", "lease_deadline_ns"):
         getattr(o, name)[sel] = getattr(new, name)
+        after_pass()
     soft = np.flatnonzero((new.flags & SOFT_PIN_FLAGS) | (new.soft_pin_deadline_ns != NO_DEADLINE))
     if soft.size:
         m.soft_pins.add(rows[soft], new.soft_pin_deadline_ns[soft])
     o.set_put_start(rows, new.put_start_ms)
+    after_pass()
     processing = np.flatnonzero(new.flags & FLAG_PROCESSING)
     if processing.size:
         slots = m.inflight.take(rows[processing])
         m.inflight.started(slots, new.put_start_ms[processing])
-    _insert_keys(m, rows, new.key_offsets, new.key_data)
+    _insert_keys(m, rows, new.key_offsets, new.key_data, after_pass)
     _link_groups(m, rows, new.group)
-    _place_replicas(o, rows, new, fresh=isinstance(sel, slice))
+    _place_replicas(o, rows, new, after_pass, fresh=sel if isinstance(sel, slice) else None)
     return rows
 
 
 def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
-    """(rows, selector) for ``n`` new objects. An empty table takes rows 0..n-1 and its columns
-    are written by slice (take_rows' per-row clear would scatter through a row index)."""
-    if o.high_water == 0 and o.free_count == 0:
+    """(rows, selector) for ``n`` new objects. A table without free rows (an empty one, or one
+    a restore fills batch by batch) takes the next n rows past its high water, never used
+    since its columns were allocated, and they are written by slice (take_rows' per-row clear
+    would scatter through a row index)."""
+    if o.free_count == 0:
+        lo = o.high_water
         o.reserve(n)
-        o.high_water = o.live_count = n
-        rows = np.arange(n, dtype=np.int64)
-        o.replica_refcnt[:n] = 0  # the other columns are written by insert_objects
-        o.group_next[:n] = rows
-        return rows, slice(0, n)
+        o.high_water, o.live_count = lo + n, o.live_count + n
+        rows = np.arange(lo, lo + n, dtype=np.int64)
+        o.replica_refcnt[lo:lo + n] = 0  # the other columns are written by insert_objects
+        o.group_next[lo:lo + n] = rows
+        return rows, slice(lo, lo + n)
     rows = o.take_rows(n)
     return rows, rows
 
 
-def _insert_keys(m: MetadataStore, rows: np.ndarray, offsets: np.ndarray, data: np.ndarray) -> None:
+def _insert_keys(m: MetadataStore, rows: np.ndarray, offsets: np.ndarray, data: np.ndarray,
+                 after_pass: Callable[[], None]) -> None:
     """Copy the key bytes into the arena and index every row."""
     o = m.objects
     n = rows.size
     nbytes = int(offsets[-1] - offsets[0])
     m.keys.reserve(n, nbytes)
     start = m.keys.arena_used
-    m.keys.arena[start:start + nbytes] = data[offsets[0]:offsets[-1]]
+    first = int(offsets[0])
+    for done in range(0, nbytes, _KEY_COPY_CHUNK):  # in chunks: after_pass lets each one's input go
+        step = min(_KEY_COPY_CHUNK, nbytes - done)
+        m.keys.arena[start + done:start + done + step] = data[first + done:first + done + step]
+        after_pass()
     if not index_load.set_key_refs(o.key_ref, rows, offsets, start - int(offsets[0])):
         raise SnapshotIntegrityError(f"objects: a key is longer than {(1 << hk.KEY_LENGTH_BITS) - 1} bytes")
+    after_pass()
     dup = index_load.bulk_insert_unique(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
     if dup >= 0:
         key = bytes(data[offsets[dup]:offsets[dup + 1]]).decode("utf-8", "replace")
@@ -116,8 +131,10 @@ def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
         ok.link_group_members(members, code, m.group_head, o.group_next, o.flags)
 
 
-def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, *, fresh: bool) -> None:
-    """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
+def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, after_pass: Callable[[], None], *,
+                    fresh: slice | None) -> None:
+    """Replica slot = rank of the replica within its object (``fresh``: the never-used rows'
+    slice, the rows in order; None: rows taken by take_rows, cleared)."""
     oi = new.replica_object
     if oi.size and (oi[1:] > oi[:-1]).all():
         slot = None  # the usual case: one replica per object, in object order
@@ -130,18 +147,19 @@ def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, *, fresh:
     counts = None if slot is None else np.bincount(oi, minlength=rows.size)
     # the slot columns widen to the commonly used counts only; wider objects get continuation rows
     o.ensure_slots(1 if counts is None else int(counts[counts <= o.hot_slots_max].max(initial=1)))
-    if slot is None and fresh and oi.size == rows.size and o.slots == 1:
-        target: tuple = (slice(0, oi.size), 0)  # object i's only replica fills row i's only slot
+    if slot is None and fresh is not None and oi.size == rows.size and o.slots == 1:
+        target: tuple = (fresh, 0)  # object i's only replica fills row i's only slot
     else:
-        if fresh:  # slots no replica fills are empty
+        if fresh is not None:  # slots no replica fills are empty
             for name, fill in (("replica_status", ST_EMPTY), ("replica_segment", EMPTY_CODE), ("replica_kind", 0),
                                ("replica_offset", 0), ("replica_id", 0)):
-                getattr(o, name)[:rows.size] = fill
+                getattr(o, name)[fresh] = fill
         target = (rows[oi], 0 if slot is None else slot)
         if slot is not None and int(slot.max(initial=0)) >= o.slots:
             target = _chained_target(o, rows, oi, slot)
     for name in ("replica_segment", "replica_kind", "replica_status", "replica_offset", "replica_id"):
         getattr(o, name)[target] = getattr(new, name)
+        after_pass()
 
 
 def _chained_target(o: ObjectTable, rows: np.ndarray, oi: np.ndarray,

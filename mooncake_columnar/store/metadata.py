@@ -6,7 +6,7 @@ No policy here: what to erase, evict or refuse is decided by the callers.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -120,10 +120,10 @@ class MetadataStore:
             self.ledger.charge(self.objects, rows, sign)
 
     # ---- allocation ---------------------------------------------------------------------------
-    def insert_objects(self, new: NewObjects) -> np.ndarray:
+    def insert_objects(self, new: NewObjects, after_pass: Callable[[], None] = lambda: None) -> np.ndarray:
         """Add whole objects (a restore's, standby apply's): see :func:`.inserts.insert_objects`.
         Returns their rows."""
-        return insert_objects(self, new)
+        return insert_objects(self, new, after_pass)
 
     def insert_puts(self, picks: np.ndarray, offsets: np.ndarray, data: np.ndarray, tenant: int,
                     sizes: np.ndarray, width: int, preferred: np.ndarray, codes: np.ndarray,

@@ -156,3 +156,20 @@ def test_allocator_rebuild_in_offset_order_matches_the_sorted_one() -> None:
         status = rebuild.free_extents(rebuild.all_rows(n), on, capacity, unit_bits, z, rows, rows * 0,
                                       seg.astype(np.int32).reshape(n, 1), o.reshape(n, 1), np.empty(0, np.int32))[0]
         assert status == expect, bad
+
+
+def test_batched_bulk_insert_indexes_every_row_and_finds_a_duplicate_across_batches(monkeypatch) -> None:
+    """Rows go in bounded batches (a restore's temporaries stay small): every row is indexed,
+    and a (tenant, key) repeated in a later batch is reported at its index into ``rows``."""
+    from mooncake_columnar.kernels import index_load
+    monkeypatch.setattr(index_load, "_BATCH_ROWS", 1000)
+    n = 5500
+    offsets, arena, refs, tenants = _keys(n)
+    rows = np.random.default_rng(2).permutation(n).astype(np.int64)
+    table = _table(n)
+    assert bulk_insert_unique(table, rows, arena, refs, tenants) == -1
+    assert np.array_equal(hk.find_rows(table, arena, refs, tenants, offsets, arena, tenants), np.arange(n))
+    # a new last row (index n, the last batch) repeats the (tenant, key) of rows[10] (the first batch)
+    refs2, tenants2 = np.append(refs, refs[rows[10]]), np.append(tenants, tenants[rows[10]])
+    again = np.append(rows, n)
+    assert bulk_insert_unique(_table(n + 1), again, arena, refs2, tenants2) == n
