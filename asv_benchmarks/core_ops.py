@@ -149,6 +149,14 @@ class SingleGet(_Core):
 
     track_exist_key_median_us.unit = "us"
 
+    def track_get_replica_list_ratio_to_dict_get(self, objects: int) -> float:
+        """The median get over a dict.get's of the same keys, timed alike in the same run (a
+        figure that a busy host moves less than the microseconds)."""
+        table = dict.fromkeys(self.keys)
+        return self._median_us(self.m.get_replica_list) / self._median_us(table.get)
+
+    track_get_replica_list_ratio_to_dict_get.unit = "ratio"
+
 
 class BatchRemove(_Core):
     """batch_remove(force=True) of a batch that setup puts back before every sample."""

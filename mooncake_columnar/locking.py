@@ -85,6 +85,12 @@ class MasterLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; sub
         if self.settle is not None and not reading:
             self._settle()
 
+    def take_reading(self) -> None:
+        """``take(reading=True)`` with its common case inline (no waiter, the background round
+        not due, the lock free: one C ``acquire``), for the single-key reads."""
+        if self.waiters or self._due_at <= monotonic() or not self.acquire(False):
+            self._take(False)
+
     def _settle(self) -> None:
         try:
             settle = self.settle

@@ -21,7 +21,6 @@ from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
 from .config import MasterConfig
 from .errors import ErrorCode, InvalidParams, SegmentAlreadyExists
 from .integrity import verify_engine
-from .kernels import reads as rk
 from .locking import MasterLock
 from .messages import DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig, SegmentInfo
 from .metrics import Metrics
@@ -37,10 +36,10 @@ from .store.arrow_export import export_tables
 from .store.arrow_io import load_tables
 from .store.keys import as_string_array, string_buffers
 from .store.metadata import MetadataStore
+from .store.read_columns import SingleKeyReader
 from .store.segments import Segment
 from .validation import (
     locked,
-    locked_reading,
     raise_code,
     require_bool,
     require_int,
@@ -86,6 +85,7 @@ class MasterService:
         self._lock = MasterLock()  # reentrant, taken in turns without lock convoys (locking.py)
         self.store = MetadataStore(initial_capacity, ledger_on=config.enable_multi_tenants,
                                    offload_limit=config.offloading_queue_limit)
+        self._single_reader = SingleKeyReader(self.store)  # get_replica_list/exist_key's kernel and columns
         # a standby container only: the replica ids its objects hold, kept by oplog apply
         # (ha/replica_ids.py); None on a serving master
         self.standby_replica_ids: "ReplicaIdIndex | None" = None
@@ -137,6 +137,7 @@ class MasterService:
             offload.expire_offloads(self.store, timeout_ms, now_ms)
             report = self.evict()
             self.store.release_discarded(now_ms)
+            self._single_reader.release()  # columns replaced since the last single-key read
             return report
         finally:
             self._lock.leave(going_idle=True)
@@ -257,32 +258,38 @@ class MasterService:
         b = k.encode()
         if len(b) > MAX_KEY_BYTES:
             raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
-        s = self.store
-        tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
-        o = s.objects
-        return rk.read_one(
-            s.keys.table, s.keys.arena, o.key_ref, o.tenant, b, tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
-            o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
-            o.replica_segment, s.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes)
+        tenant = self.store.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
+        return self._single_reader.read(b, tenant, self.clocks.steady_ns(), self.lease_ttl_ns)
 
-    @locked_reading
+    # get_replica_list and exist_key take the lock themselves, as the decorator ``locked`` would with
+    # reading=True (they may run between the steps of a staged growth): its wrapper's call with
+    # *args, **kwargs alone costs a tenth of a single-key read
     def get_replica_list(self, key: str, tenant_id: str = DEFAULT_TENANT) -> list[ReplicaDescriptor]:
         """Readable replicas of the object; grants the read lease (group rule)."""
-        code, row, count, replica_id, kind, segment, offset, size = self._read_one(key, tenant_id)
-        if code:
-            raise_code(code, f"get_replica_list {key!r}")
-        if count == 1:  # the common case: the kernel read the one readable replica's slot
-            return [views.readable_descriptor(self.store, replica_id, kind, segment, offset, size)]
-        return views.readable_descriptors(self.store, row)
+        lock = self._lock
+        lock.take_reading()
+        try:
+            code, row, count, replica_id, kind, segment, offset, size = self._read_one(key, tenant_id)
+            if code:
+                raise_code(code, f"get_replica_list {key!r}")
+            if count == 1:  # the common case: the kernel read the one readable replica's slot
+                return [views.readable_descriptor(self.store, replica_id, kind, segment, offset, size)]
+            return views.readable_descriptors(self.store, row)
+        finally:
+            lock.leave()
 
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))
         return joined_results(read_in_chunks(self, offsets, data, tenant_id, want_replicas=True))
 
-    @locked_reading
     def exist_key(self, key: str, tenant_id: str = DEFAULT_TENANT) -> bool:
         """True when a readable replica exists (and then the read lease is granted)."""
-        return self._read_one(key, tenant_id)[0] == 0
+        lock = self._lock
+        lock.take_reading()
+        try:
+            return self._read_one(key, tenant_id)[0] == 0
+        finally:
+            lock.leave()
 
     def batch_exist_key(self, keys, tenant_id: str = DEFAULT_TENANT) -> np.ndarray:
         offsets, data = string_buffers(self._key_array(keys))

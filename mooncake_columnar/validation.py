@@ -14,24 +14,18 @@ T = TypeVar("T")
 _PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
 
 
-def locked(fn: Callable[..., T], *, reading: bool = False) -> Callable[..., T]:
+def locked(fn: Callable[..., T]) -> Callable[..., T]:
     """Run the method holding ``self._lock`` (a :class:`~.locking.MasterLock`), taken and left
     in turns (no lock convoys between client threads)."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):  # every MasterService part holds self._lock
         lock = self._lock
-        lock.take(reading=reading)
+        lock.take()
         try:
             return fn(self, *args, **kwargs)
         finally:
             lock.leave()
     return wrapper
-
-
-def locked_reading(fn: Callable[..., T]) -> Callable[..., T]:
-    """:func:`locked` for a call that only reads the master (it may grant leases): it may run
-    between the steps of a staged growth (store/growth.py) without finishing it first."""
-    return locked(fn, reading=True)
 
 
 def require_str(name: str, value: object, *, allow_empty: bool = False) -> str:

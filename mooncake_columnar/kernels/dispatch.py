@@ -17,8 +17,10 @@ serial variant could load the parallel machine code cached for the original.
 from __future__ import annotations
 
 import types
+from typing import Any, Callable
 
-from numba import njit
+from numba import njit, typeof
+from numba.core.dispatcher import Dispatcher
 
 BATCH_MIN = 4096  # keys (or rows): below, the serial variant that keeps the GIL; from here,
                   # the batch variant (nogil, and parallel where the kernel is). One cut-over
@@ -35,3 +37,14 @@ def variant(kernel, suffix: str, **options):
     fn.__doc__ = py.__doc__
     options.setdefault("cache", True)
     return njit(**options)(fn)
+
+
+def compiled(kernel, *args: Any) -> Callable[..., Any]:
+    """``kernel``'s machine code for the types of ``args``, compiled or loaded from the cache as
+    a call would. Calling it skips the dispatcher's per-call typing of each argument, which for
+    an object such as a StructRef is a Python ``typeof`` (~2 us). It must only be called with
+    arguments of those same types (a NumPy argument of another dtype would be misread): get it
+    again whenever they may change."""
+    if not isinstance(kernel, Dispatcher):  # NUMBA_DISABLE_JIT: the plain function
+        return kernel
+    return kernel.compile(tuple(typeof(a) for a in args))

@@ -183,35 +183,40 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
 
 
 @njit(cache=True)
-def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_next,
-             rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes):
+def read_one(cols, key, tenant, now, ttl_ns):
     """Single-key get_replica_list and exist_key: ``(code, row, count, replica_id, kind,
-    segment, offset, size)`` with the lease granted on OK. ``count``: the object's readable
-    replicas (on OK); when it is 1, the rest are that replica's slot values (its row's size),
-    so the caller builds its one descriptor without reading the columns again (else they are
-    0). ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is
+    segment, offset, size)`` with the lease granted on OK. ``cols``: the columns as one object
+    (kernels/read_columns.py: one pointer to unbox, not 15 arrays). ``count``: the object's
+    readable replicas (on OK); when it is 1, the rest are that replica's slot values (its row's
+    size), so the caller builds its one descriptor without reading the columns again (else they
+    are 0). ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is
     allocated either."""
+    rep_status, rep_kind, rep_seg, seg_readable = cols.rep_status, cols.rep_kind, cols.rep_seg, cols.seg_readable
+    flags, lease, more = cols.flags, cols.lease, cols.more
     n = len(key)
     h = hk.hash_key(key, 0, n, tenant)
-    r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, n, tenant, h)
+    r = hk.find_row(cols.table, cols.arena, cols.key_refs, cols.row_tenant, key, 0, n, tenant, h)
+    if r >= 0:  # the row's cache misses at once, not one after another as the reads below come to them
+        _prefetch_rows(1, (r,), flags, lease, rep_status, rep_kind, rep_seg)
+        _prefetch_descriptors(1, (r,), cols.size_bytes, cols.rep_id, cols.rep_offset)
     code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
     count = 0
     rid = np.uint64(0)  # the replica id column's dtype (a uint64 boxes to an exact Python int)
     kind = seg = offset = size = 0  # int(): plain ints under NUMBA_DISABLE_JIT too
     if code == OK:
         if grant_read_lease(r, now, ttl_ns, lease, flags):
-            grant_group_read_lease(r, now, ttl_ns, lease, flags, group_next)
+            grant_group_read_lease(r, now, ttl_ns, lease, flags, cols.group_next)
         rr = r
         while rr >= 0:
             for j in range(rep_status.shape[1]):
                 if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
                     count += 1
                     if count == 1:
-                        rid = int(rep_id[rr, j])
+                        rid = int(cols.rep_id[rr, j])
                         kind = int(rep_kind[rr, j])
                         seg = int(rep_seg[rr, j])
-                        offset = int(rep_offset[rr, j])
-                        size = int(size_bytes[rr])
+                        offset = int(cols.rep_offset[rr, j])
+                        size = int(cols.size_bytes[rr])
             rr = next_row(more, rr)
     if count != 1:
         rid = np.uint64(0)

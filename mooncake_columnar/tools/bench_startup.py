@@ -40,7 +40,7 @@ _FIRST_CALL = textwrap.dedent("""
         def on_end(self, e):
             self.depth -= 1
             fn = e.data["dispatcher"].py_func
-            name = fn.__module__ + "." + fn.__qualname__
+            name = f"{fn.__module__}.{fn.__qualname__}"  # (None: an overload made by exec)
             specialisations[name] = specialisations.get(name, 0) + 1
             if self.depth == 0:
                 compiled[name] = compiled.get(name, 0.0) + time.perf_counter() - self.t

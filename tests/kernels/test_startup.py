@@ -9,10 +9,10 @@ from mooncake_columnar.tools.bench_startup import first_call_figures
 pytestmark = pytest.mark.timeout(600)  # three fresh processes, one compiling: ~10 s alone, minutes on a busy host
 
 # the modules whose kernels a put_start, put_end and get_replica_list run
-# put (allocation, objects, hashing), put_end's in-flight slot index, the single get (reads)
+# put (allocation, objects, hashing), put_end's in-flight slot index, the single get (reads, read_columns)
 FIRST_CALL_MODULES = {"mooncake_columnar.kernels.allocation", "mooncake_columnar.kernels.objects",
                       "mooncake_columnar.kernels.hashing", "mooncake_columnar.kernels.slot_index",
-                      "mooncake_columnar.kernels.reads"}
+                      "mooncake_columnar.kernels.reads", "mooncake_columnar.kernels.read_columns"}
 
 
 def test_first_put_and_get_compile_only_their_kernels_and_a_filled_cache_compiles_none(tmp_path):
