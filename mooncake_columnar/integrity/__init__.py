@@ -17,7 +17,8 @@ Checks, in order:
   ``replica_alignment``: every in-use replica slot belongs to a LIVE row (or one of its
   continuation rows) and has an id in
   [1, next_replica_id); every in-use MEMORY slot (and every pending discarded extent) lies on a
-  mounted segment, inside its capacity, at an offset aligned to its allocation unit.
+  mounted segment, inside its capacity, at an offset aligned to its allocation unit (a slot's
+  offset column counts units, so only a discarded extent can be unaligned).
 * ``free_list``, ``extent_overlap``, ``free_overlap``, ``free_list_gap``, ``segment_used``:
   each segment's free list is sorted, non-empty, coalesced and inside capacity; held extents
   (ak.held_end rule, discarded ones included) do not overlap each other or free space; on an

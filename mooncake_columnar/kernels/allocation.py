@@ -14,8 +14,11 @@ import numpy as np
 from numba import njit, types
 from numba.typed import List
 
+from ..schema import KIND_MEMORY
 from .dispatch import BATCH_MIN, variant
 from .moves import move
+
+_MEM = int(KIND_MEMORY)
 
 
 _EXTENTS = types.int64[::1]
@@ -66,6 +69,17 @@ def held_end(offset, size, unit_bits, capacity):
     allocation, free and rebuild goes through it. Works on scalars and (offset, size) arrays."""
     mask = (np.int64(1) << unit_bits) - 1
     return np.minimum((offset + size + mask) & ~mask, capacity)
+
+
+@njit(inline="always", cache=True)
+def offset_shift(kind, seg, unit_bits):
+    """Bits a replica slot's ``replica_offset`` is shifted left by to give its byte offset. A
+    memory replica starts on a unit boundary (see :func:`held_end`) and its segment has at most
+    ``offset_allocator_v1.MAX_BIN_SIZE`` units, so its offset is kept in units (a uint32 column
+    instead of an int64); any other kind's offset is kept in bytes. Scalars."""
+    if kind == _MEM and seg >= 0:
+        return unit_bits[seg]
+    return np.int64(0)
 
 
 @njit(cache=True)

@@ -106,12 +106,13 @@ def _grown(a, n):
 @njit(cache=True)
 def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_next,
                 rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
-                want_replicas, codes):
+                seg_unit_bits, want_replicas, codes):
     """Read codes of keys ``offsets``/``data`` (``tenants``: hashing.tenant_at) into
     ``codes``, the read lease granted on OK; and, if ``want_replicas``, the readable replicas
     of the OK keys as columns ``(key index, replica id, segment code, address, size)``. A
-    memory replica's segment code is its segment (address: ``seg_base[code]`` + offset); any
-    other replica's is ``len(seg_base) - 1`` (``seg_base`` ends with 0: its address is the
+    memory replica's segment code is its segment (address: ``seg_base[code]`` + its offset
+    column shifted by ``seg_unit_bits[code]``, see allocation.offset_shift); any other replica's
+    is ``len(seg_base) - 1`` (``seg_base`` and ``seg_unit_bits`` end with 0: its address is the
     offset)."""
     n = offsets.shape[0] - 1
     hs = np.empty(_BLOCK, np.uint64)
@@ -165,7 +166,7 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
                     out_i[k] = i
                     out_id[k] = rep_id[rr, j]
                     out_seg[k] = s
-                    out_addr[k] = seg_base[s] + rep_offset[rr, j]
+                    out_addr[k] = seg_base[s] + (np.int64(rep_offset[rr, j]) << seg_unit_bits[s])
                     out_size[k] = size_bytes[rr]
                     k += 1
                 rr = next_row(more, rr)
@@ -186,7 +187,8 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
 def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_next,
              rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes):
     """Single-key get_replica_list and exist_key: ``(code, row, count, replica_id, kind,
-    segment, offset, size)`` with the lease granted on OK. ``count``: the object's readable
+    segment, offset, size)`` with the lease granted on OK (``offset``: the offset column's value,
+    see allocation.offset_shift). ``count``: the object's readable
     replicas (on OK); when it is 1, the rest are that replica's slot values (its row's size),
     so the caller builds its one descriptor without reading the columns again (else they are
     0). ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is

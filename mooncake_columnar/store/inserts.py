@@ -43,7 +43,7 @@ class NewObjects:
     replica_segment: np.ndarray     # int32 segment code (a LOCAL_DISK replica: its owner client's)
     replica_kind: np.ndarray        # uint8
     replica_status: np.ndarray      # uint8
-    replica_offset: np.ndarray      # int64
+    replica_offset: np.ndarray      # int64 bytes
     replica_id: np.ndarray          # uint64
 
 
@@ -65,7 +65,7 @@ def insert_objects(m: MetadataStore, new: NewObjects) -> np.ndarray:
         m.inflight.started(slots, new.put_start_ms[processing])
     _insert_keys(m, rows, new.key_offsets, new.key_data)
     _link_groups(m, rows, new.group)
-    _place_replicas(o, rows, new, fresh=isinstance(sel, slice))
+    _place_replicas(m, rows, new, fresh=isinstance(sel, slice))
     return rows
 
 
@@ -116,8 +116,9 @@ def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
         ok.link_group_members(members, code, m.group_head, o.group_next, o.flags)
 
 
-def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, *, fresh: bool) -> None:
+def _place_replicas(m: MetadataStore, rows: np.ndarray, new: NewObjects, *, fresh: bool) -> None:
     """Replica slot = rank of the replica within its object (``fresh``: rows are 0..n-1)."""
+    o = m.objects
     oi = new.replica_object
     if oi.size and (oi[1:] > oi[:-1]).all():
         slot = None  # the usual case: one replica per object, in object order
@@ -140,8 +141,9 @@ def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, *, fresh:
         target = (rows[oi], 0 if slot is None else slot)
         if slot is not None and int(slot.max(initial=0)) >= o.slots:
             target = _chained_target(o, rows, oi, slot)
-    for name in ("replica_segment", "replica_kind", "replica_status", "replica_offset", "replica_id"):
+    for name in ("replica_segment", "replica_kind", "replica_status", "replica_id"):
         getattr(o, name)[target] = getattr(new, name)
+    o.replica_offset[target] = m.segments.column_offsets(new.replica_offset, new.replica_kind, new.replica_segment)
 
 
 def _chained_target(o: ObjectTable, rows: np.ndarray, oi: np.ndarray,

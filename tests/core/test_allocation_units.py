@@ -233,20 +233,21 @@ def test_remount_rebuilds_the_live_allocator_of_a_big_segment(in_offset_order: b
 
 
 @pytest.mark.parametrize("in_offset_order", [True, False])
-def test_remount_refuses_extents_sharing_an_allocation_unit(in_offset_order: bool) -> None:
-    """A byte-packed (legacy) layout: two replicas disjoint in bytes but in one 8-byte unit. No
-    allocator can hold it, so the remount fails and changes nothing (no clamping)."""
+def test_remount_refuses_an_offset_column_one_unit_into_the_previous_extent(in_offset_order: bool) -> None:
+    """A memory replica's offset column counts its segment's units (8 bytes here), so a layout
+    sharing a unit cannot be written there; a corrupted value one unit back overlaps the previous
+    extent in bytes: the remount fails and changes nothing (no clamping)."""
     m = _master(BIG)
     _put(m, "a", 1001)   # [0, 1001), holds [0, 1008)
-    _put(m, "b", 1000)   # [1008, 2008)
+    _put(m, "b", 1000)   # [1008, 2008): unit 126
     _put(m, "c", 8)
     state = m.export_state()
     p = _promoted(m, state if in_offset_order else _reversed_rows(state))
     o = p.objects
-    row = next(r for r in o.live_rows() if int(o.replica_offset[r, 0]) == 1008)
-    o.replica_offset[row, 0] = 1001  # [1001, 2001): shares the unit [1000, 1008) with "a"
+    row = next(r for r in o.live_rows() if int(o.replica_offset[r, 0]) == 1008 >> 3)
+    o.replica_offset[row, 0] = 1000 >> 3  # [1000, 2000): overlaps "a"
     before = _free_list(p), int(p.segments.used[0])
-    with pytest.raises(ValueError, match="share an allocation unit of 8 bytes"):
+    with pytest.raises(ValueError, match="overlap"):
         _remount(p)
     assert (_free_list(p), int(p.segments.used[0])) == before and not p.segments.readable[0]
 

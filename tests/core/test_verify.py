@@ -179,10 +179,11 @@ def _free_not_coalesced(m: MasterService) -> None:
                         int(s.used[0]))
 
 
-def _misaligned(m: MasterService) -> None:
+def _one_unit_on(m: MasterService) -> None:
     _mount(m, "big", 8 << 30, 1)  # past 3.75 GiB: allocation units of more than one byte
     assert m.segments.unit_bits[m.segments.code("big")] > 0
     _put(m, "on-big", 5000, preferred_segments=("big",))
+    # the offset column counts units (never misaligned): one more moves the extent into free space
     m.objects.replica_offset[_row(m, "on-big"), 0] += 1
 
 
@@ -247,7 +248,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[MasterService], None], str]] = {
                                      "replica_segment"),
     "replica_past_capacity": (lambda m: m.objects.replica_offset.__setitem__((_row(m, "k8"), 0), 64 * MB - 999),
                               "replica_extent"),
-    "replica_misaligned": (_misaligned, "replica_alignment"),
+    "replica_offset_one_unit_on": (_one_unit_on, "free_overlap"),
     "discarded_on_unmounted_segment": (lambda m: (_discarded_overlap(m), m.store.discarded.seg.__setitem__(0, 9)),
                                        "replica_segment"),
     "free_list_not_coalesced": (_free_not_coalesced, "free_list"),
