@@ -262,7 +262,7 @@ class MasterService:
         o = s.objects
         return rk.read_one(
             s.keys.table, s.keys.arena, o.key_ref, o.tenant, b, tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
-            o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind,
+            o.flags, o.lease_deadline_ns, s.group_of.links(), o.replica_status, o.replica_kind,
             o.replica_segment, s.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes)
 
     @locked_reading

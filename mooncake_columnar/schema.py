@@ -85,7 +85,6 @@ OBJECT_COLUMNS: dict[str, np.dtype] = {
     "key_ref": np.dtype(np.int64),             # (arena offset << 16) | key length
     "tenant": CODE_DTYPE,
     "client": CODE_DTYPE,
-    "group_next": np.dtype(np.int32),          # circular list of group members (self when alone)
     "put_start_rel": np.dtype(np.uint32),      # put start, system ms after ObjectTable.put_start_base_ms
     "flags": np.dtype(np.uint8),
     "data_type": np.dtype(np.uint8),

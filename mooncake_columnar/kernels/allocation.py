@@ -14,11 +14,9 @@ import numpy as np
 from numba import njit, types
 from numba.typed import List
 
-from ..schema import KIND_MEMORY
 from .dispatch import BATCH_MIN, variant
 from .moves import move
-
-_MEM = int(KIND_MEMORY)
+from .predicates import memory_segment
 
 
 _EXTENTS = types.int64[::1]
@@ -77,9 +75,10 @@ def offset_shift(kind, seg, unit_bits):
     memory replica starts on a unit boundary (see :func:`held_end`) and its segment has at most
     ``offset_allocator_v1.MAX_BIN_SIZE`` units, so its offset is kept in units (a uint32 column
     instead of an int64); any other kind's offset is kept in bytes. Scalars."""
-    if kind == _MEM and seg >= 0:
-        return unit_bits[seg]
-    return np.int64(0)
+    s = memory_segment(kind, seg)
+    if s < 0:
+        return np.int64(0)
+    return unit_bits[s]
 
 
 @njit(cache=True)

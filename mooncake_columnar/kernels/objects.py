@@ -225,42 +225,49 @@ def complete_puts(rows, *args):
 
 
 @njit(cache=True)
-def link_group_members(rows, gcode, group_head, group_next, flags):
-    """Add new rows (their code already in the group table) to group ``gcode``'s circular member
-    list and mark the group for refresh."""
+def link_group_members(rows, gcode, group_head, links, flags):
+    """Add new rows (their code already in the group table, ``links``: its links()) to group
+    ``gcode``'s circular member list and mark the group for refresh."""
+    index, owner, nxt = links
     head = group_head[gcode]
     for i in range(rows.shape[0]):
         r = rows[i]
         flags[r] |= np.uint8(_GROUPED)
+        s = find_slot(index, owner, r)
         if head < 0:
             head = r
-            group_next[r] = r
+            nxt[s] = r
         else:
-            group_next[r] = group_next[head]
-            group_next[head] = r
+            h = find_slot(index, owner, head)
+            nxt[s] = nxt[h]
+            nxt[h] = r
     group_head[gcode] = head
     r = head
     while True:  # upstream: a new member puts the group in groups_needing_lease_refresh_
         flags[r] |= np.uint8(_REFRESH)
-        r = group_next[r]
+        r = slot_value(links, r, head)
         if r == head:
             break
 
 
 @njit(cache=True)
-def unlink_group_members(rows, group_head, group_next, groups, flags):
+def unlink_group_members(rows, group_head, groups, links, flags):
     """Remove rows from their group's circular member list, keeping group_head on a member
-    (``groups``: the GroupTable's parts())."""
+    (``groups``, ``links``: the GroupTable's parts() and links()); their slots stay taken."""
+    index, owner, nxt = links
     for i in range(rows.shape[0]):
         r = rows[i]
         if not is_grouped(flags[r]):
             continue
         g = slot_value(groups, r, -1)
+        s = find_slot(index, owner, r)
         p = r
-        while group_next[p] != r:
-            p = group_next[p]
-        group_next[p] = group_next[r]
-        group_next[r] = r
+        ps = s
+        while nxt[ps] != r:
+            p = nxt[ps]
+            ps = find_slot(index, owner, p)
+        nxt[ps] = nxt[s]
+        nxt[s] = r
         if group_head[g] == r:
             group_head[g] = p if p != r else -1
 

@@ -104,7 +104,7 @@ def _grown(a, n):
 
 
 @njit(cache=True)
-def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_next,
+def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_links,
                 rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
                 seg_unit_bits, want_replicas, codes):
     """Read codes of keys ``offsets``/``data`` (``tenants``: hashing.tenant_at) into
@@ -144,7 +144,7 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
             if code != OK:
                 continue
             if grant_read_lease(r, now, ttl_ns, lease, flags):
-                grant_group_read_lease(r, now, ttl_ns, lease, flags, group_next)
+                grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
             rows[t] = r
         if not want_replicas:
             continue
@@ -184,7 +184,7 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
 
 
 @njit(cache=True)
-def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_next,
+def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_links,
              rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes):
     """Single-key get_replica_list and exist_key: ``(code, row, count, replica_id, kind,
     segment, offset, size)`` with the lease granted on OK (``offset``: the offset column's value,
@@ -202,7 +202,7 @@ def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags
     kind = seg = offset = size = 0  # int(): plain ints under NUMBA_DISABLE_JIT too
     if code == OK:
         if grant_read_lease(r, now, ttl_ns, lease, flags):
-            grant_group_read_lease(r, now, ttl_ns, lease, flags, group_next)
+            grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
         rr = r
         while rr >= 0:
             for j in range(rep_status.shape[1]):

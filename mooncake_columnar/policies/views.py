@@ -188,7 +188,7 @@ def read_batch(store: MetadataStore, offsets: np.ndarray, data: np.ndarray, tena
                                           else ([], [], np.zeros(1, np.int64), np.zeros(1, np.int64)))
     ki, ids, seg_codes, address, size = rk.read_batch(
         k.table, k.arena, o.key_ref, o.tenant, offsets, data, np.array([tenant], np.int32), now, ttl_ns,
-        o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind, o.replica_segment,
+        o.flags, o.lease_deadline_ns, store.group_of.links(), o.replica_status, o.replica_kind, o.replica_segment,
         store.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes, bases, unit_bits,
         want_replicas, codes)
     if not want_replicas:

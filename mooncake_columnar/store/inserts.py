@@ -77,7 +77,6 @@ def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
         o.high_water = o.live_count = n
         rows = np.arange(n, dtype=np.int64)
         o.replica_refcnt[:n] = 0  # the other columns are written by insert_objects
-        o.group_next[:n] = rows
         return rows, slice(0, n)
     rows = o.take_rows(n)
     return rows, rows
@@ -113,7 +112,7 @@ def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
     for i, code in enumerate(codes.tolist()):  # one iteration per group
         members = rows[grouped[order[bounds[i]:bounds[i + 1]]]]
         m.group_of.add(members, code)
-        ok.link_group_members(members, code, m.group_head, o.group_next, o.flags)
+        ok.link_group_members(members, code, m.group_head, m.group_of.links(), o.flags)
 
 
 def _place_replicas(m: MetadataStore, rows: np.ndarray, new: NewObjects, *, fresh: bool) -> None:

@@ -220,7 +220,7 @@ class MetadataStore:
             chain = o.chains(rows).rows
             r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
             self.clear_slots(chain[r_idx], slot)
-        ok.unlink_group_members(rows, self.group_head, o.group_next, self.group_of.parts(), o.flags)
+        ok.unlink_group_members(rows, self.group_head, self.group_of.parts(), self.group_of.links(), o.flags)
         for table in (self.group_of, self.inflight, self.soft_pins):
             table.release_rows(rows)
         self.keys.remove(rows)

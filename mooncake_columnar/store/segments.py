@@ -21,7 +21,8 @@ from ..errors import EngineInvariantError, InvalidParams, NameLimitExceeded, Seg
 from ..kernels import allocation as ak
 from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
-from ..schema import KIND_MEMORY, MAX_CODES, SEGMENTS_ARROW_SCHEMA
+from ..kernels.predicates import memory_on_segment_mask
+from ..schema import MAX_CODES, SEGMENTS_ARROW_SCHEMA
 from .upstream_ids import new_upstream_uuid
 
 
@@ -196,7 +197,7 @@ class SegmentTable:
 def offset_shifts(kind: np.ndarray | np.uint8, seg: np.ndarray, unit_bits: np.ndarray) -> np.ndarray:
     """Per replica slot (its kind and segment column values): the bits its ``replica_offset`` is
     shifted by, as :func:`..kernels.allocation.offset_shift` says (memory: the segment's units)."""
-    memory = (kind == KIND_MEMORY) & (seg >= 0)
+    memory = memory_on_segment_mask(kind, seg)
     return np.where(memory, unit_bits[np.where(memory, seg, 0)], 0)
 
 
