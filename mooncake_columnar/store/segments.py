@@ -197,7 +197,7 @@ class SegmentTable:
 def offset_shifts(kind: np.ndarray | np.uint8, seg: np.ndarray, unit_bits: np.ndarray) -> np.ndarray:
     """Per replica slot (its kind and segment column values): the bits its ``replica_offset`` is
     shifted by, as :func:`..kernels.allocation.offset_shift` says (memory: the segment's units)."""
-    memory = memory_on_segment_mask(kind, seg)
+    memory = memory_on_segment_mask(np.asarray(kind), seg)
     return np.where(memory, unit_bits[np.where(memory, seg, 0)], 0)
 
 
