@@ -232,6 +232,18 @@ def test_remount_rebuilds_the_live_allocator_of_a_big_segment(in_offset_order: b
     assert _put(p, "after", 3) == _put(m, "after", 3)
 
 
+def test_a_memory_replica_offset_column_counts_units_and_every_view_gives_bytes() -> None:
+    """The slot column holds offset >> unit_bits (4 bytes a slot); reads and snapshots give bytes."""
+    m = _master(BIG)
+    assert (_put(m, "a", 1001), _put(m, "b", 1000)) == (0, 1008)
+    o = m.objects
+    assert o.replica_offset.dtype == np.uint32
+    assert sorted(int(v) for v in o.replica_offset[o.live_rows(), 0]) == [0, 1008 >> 3]
+    assert sorted(m.export_state().replicas.column("offset").to_pylist()) == [0, 1008]
+    addresses = m.batch_get_replica_list(["a", "b"]).replicas.column("address").to_pylist()
+    assert addresses == [BASE, BASE + 1008]
+
+
 @pytest.mark.parametrize("in_offset_order", [True, False])
 def test_remount_refuses_an_offset_column_one_unit_into_the_previous_extent(in_offset_order: bool) -> None:
     """A memory replica's offset column counts its segment's units (8 bytes here), so a layout
