@@ -21,6 +21,7 @@ from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
 from .config import MasterConfig
 from .errors import ErrorCode, InvalidParams, SegmentAlreadyExists
 from .integrity import verify_engine
+from .kernels import leases as lk
 from .kernels import reads as rk
 from .locking import MasterLock
 from .messages import DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig, SegmentInfo
@@ -252,7 +253,8 @@ class MasterService:
     # ================================================================================ reads
     def _read_one(self, key: str, tenant_id: str) -> tuple:
         """The single-key read kernel's answer for ``key`` (kernels/reads.read_one: the lease
-        granted on OK); the caller holds the lock. No NumPy array or Arrow object per call."""
+        granted on OK, the group's too); the caller holds the lock. No NumPy array or Arrow
+        object per call."""
         k = key if type(key) is str and key and key.isascii() else require_str("key", key)
         b = k.encode()
         if len(b) > MAX_KEY_BYTES:
@@ -260,15 +262,20 @@ class MasterService:
         s = self.store
         tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
         o = s.objects
-        return rk.read_one(
-            s.keys.table, s.keys.arena, o.key_ref, o.tenant, b, tenant, self.clocks.steady_ns(), self.lease_ttl_ns,
-            o.flags, o.lease_deadline_ns, s.group_of.links(), o.replica_status, o.replica_kind,
+        now = self.clocks.steady_ns()
+        answer = rk.read_one(
+            s.keys.table, s.keys.arena, o.key_ref, o.tenant, b, tenant, now, self.lease_ttl_ns,
+            o.flags, o.lease_deadline_ns, o.replica_status, o.replica_kind,
             o.replica_segment, s.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes)
+        if answer[2]:  # a grouped object whose group awaits the lease
+            lk.grant_group_read_lease(answer[1], now, self.lease_ttl_ns, o.lease_deadline_ns, o.flags,
+                                      s.group_of.links())
+        return answer
 
     @locked_reading
     def get_replica_list(self, key: str, tenant_id: str = DEFAULT_TENANT) -> list[ReplicaDescriptor]:
         """Readable replicas of the object; grants the read lease (group rule)."""
-        code, row, count, replica_id, kind, segment, offset, size = self._read_one(key, tenant_id)
+        code, row, _, count, replica_id, kind, segment, offset, size = self._read_one(key, tenant_id)
         if code:
             raise_code(code, f"get_replica_list {key!r}")
         if count == 1:  # the common case: the kernel read the one readable replica's slot

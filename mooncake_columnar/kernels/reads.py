@@ -184,11 +184,13 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
 
 
 @njit(cache=True)
-def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease, group_links,
+def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags, lease,
              rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes):
-    """Single-key get_replica_list and exist_key: ``(code, row, count, replica_id, kind,
-    segment, offset, size)`` with the lease granted on OK (``offset``: the offset column's value,
-    see allocation.offset_shift). ``count``: the object's readable
+    """Single-key get_replica_list and exist_key: ``(code, row, group, count, replica_id, kind,
+    segment, offset, size)`` with the lease granted on OK; ``group``: the caller grants the
+    group's lease (leases.grant_group_read_lease, the group table's arrays: passed only then,
+    so a plain read's call types no more arguments). ``offset``: the offset column's value, see
+    allocation.offset_shift. ``count``: the object's readable
     replicas (on OK); when it is 1, the rest are that replica's slot values (its row's size),
     so the caller builds its one descriptor without reading the columns again (else they are
     0). ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is
@@ -198,11 +200,11 @@ def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags
     r = hk.find_row(table, arena, key_refs, row_tenant, key, 0, n, tenant, h)
     code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
     count = 0
+    group = False
     rid = np.uint64(0)  # the replica id column's dtype (a uint64 boxes to an exact Python int)
     kind = seg = offset = size = 0  # int(): plain ints under NUMBA_DISABLE_JIT too
     if code == OK:
-        if grant_read_lease(r, now, ttl_ns, lease, flags):
-            grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
+        group = grant_read_lease(r, now, ttl_ns, lease, flags)
         rr = r
         while rr >= 0:
             for j in range(rep_status.shape[1]):
@@ -218,4 +220,4 @@ def read_one(table, arena, key_refs, row_tenant, key, tenant, now, ttl_ns, flags
     if count != 1:
         rid = np.uint64(0)
         kind = seg = offset = size = 0
-    return code, r, count, rid, kind, seg, offset, size
+    return code, r, group, count, rid, kind, seg, offset, size
