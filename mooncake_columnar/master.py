@@ -21,6 +21,7 @@ from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
 from .config import MasterConfig
 from .errors import ErrorCode, InvalidParams, SegmentAlreadyExists
 from .integrity import verify_engine
+from .kernels import leases as lk
 from .locking import MasterLock
 from .messages import DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig, SegmentInfo
 from .metrics import Metrics
@@ -253,13 +254,21 @@ class MasterService:
     # ================================================================================ reads
     def _read_one(self, key: str, tenant_id: str) -> tuple:
         """The single-key read kernel's answer for ``key`` (kernels/reads.read_one: the lease
-        granted on OK); the caller holds the lock. No NumPy array or Arrow object per call."""
+        granted on OK, the group's too); the caller holds the lock. No NumPy array or Arrow
+        object per call."""
         k = key if type(key) is str and key and key.isascii() else require_str("key", key)
         b = k.encode()
         if len(b) > MAX_KEY_BYTES:
             raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
-        tenant = self.store.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
-        return self._single_reader.read(b, tenant, self.clocks.steady_ns(), self.lease_ttl_ns)
+        s = self.store
+        tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
+        now = self.clocks.steady_ns()
+        answer = self._single_reader.read(b, tenant, now, self.lease_ttl_ns)
+        if answer[2]:  # a grouped object whose group awaits the lease
+            o = s.objects
+            lk.grant_group_read_lease(answer[1], now, self.lease_ttl_ns, o.lease_deadline_ns, o.flags,
+                                      s.group_of.links())
+        return answer
 
     # get_replica_list and exist_key take the lock themselves, as the decorator ``locked`` would with
     # reading=True (they may run between the steps of a staged growth): its wrapper's call with
@@ -269,7 +278,7 @@ class MasterService:
         lock = self._lock
         lock.take_reading()
         try:
-            code, row, count, replica_id, kind, segment, offset, size = self._read_one(key, tenant_id)
+            code, row, _, count, replica_id, kind, segment, offset, size = self._read_one(key, tenant_id)
             if code:
                 raise_code(code, f"get_replica_list {key!r}")
             if count == 1:  # the common case: the kernel read the one readable replica's slot

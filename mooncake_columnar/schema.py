@@ -85,7 +85,6 @@ OBJECT_COLUMNS: dict[str, np.dtype] = {
     "key_ref": np.dtype(np.int64),             # (arena offset << 16) | key length
     "tenant": CODE_DTYPE,
     "client": CODE_DTYPE,
-    "group_next": np.dtype(np.int32),          # circular list of group members (self when alone)
     "put_start_rel": np.dtype(np.uint32),      # put start, system ms after ObjectTable.put_start_base_ms
     "flags": np.dtype(np.uint8),
     "data_type": np.dtype(np.uint8),
@@ -95,7 +94,9 @@ PUT_START_NONE = np.uint32(0xFFFF_FFFF)  # put_start_rel of an object whose put 
 # Replica slot columns, shape (capacity, R): slot j of row i (an object's row or one of its
 # continuation rows, see kernels/chains.py).
 REPLICA_COLUMNS: dict[str, np.dtype] = {
-    "replica_offset": np.dtype(np.int64),   # byte offset inside the segment
+    # offset inside the segment: a memory replica's in its segment's allocation units (see
+    # kernels/allocation.offset_shift; a segment has at most 2**32 units), another kind's in bytes
+    "replica_offset": np.dtype(np.uint32),
     "replica_id": np.dtype(np.uint64),
     "replica_segment": CODE_DTYPE,          # segment code (MEMORY) or client code (LOCAL_DISK)
     "replica_refcnt": np.dtype(np.uint16),

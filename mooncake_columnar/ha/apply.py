@@ -221,7 +221,7 @@ def _take_extents(m: "MasterService", erased: np.ndarray, run: OpLogColumns, rep
     r_idx, slot = np.nonzero((o.replica_status[erased] != ST_EMPTY) & (o.replica_kind[erased] == KIND_MEMORY))
     old_rows = erased[r_idx]
     old_seg = o.replica_segment[old_rows, slot].astype(np.int64)
-    old_off, old_size = o.replica_offset[old_rows, slot], o.size_bytes[old_rows]
+    old_off, old_size = s.byte_offsets(o.replica_offset[old_rows, slot], KIND_MEMORY, old_seg), o.size_bytes[old_rows]
     memory = np.flatnonzero(run.replica_kind[reps] == KIND_MEMORY)
     names, inverse = np.unique(run.replica_segment[reps[memory]], return_inverse=True)
     codes = np.array([s.code(n) for n in run.strings.take(pa.array(names)).to_pylist()], np.int64)  # per segment

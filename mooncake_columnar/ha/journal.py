@@ -18,6 +18,7 @@ import pyarrow as pa
 from numba import njit
 
 from ..errors import WindowFull
+from ..kernels.allocation import offset_shift
 from ..kernels.chains import next_row
 from ..kernels.slot_index import slot_value
 from ..kernels.predicates import is_grouped, is_hard_pinned, is_soft_pin_enabled
@@ -71,12 +72,12 @@ def _replica_place(kind, segment):
 
 @njit(cache=True)
 def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes, data_type,
-                    replica_status, replica_id, replica_kind, replica_segment, replica_offset, more):
+                    replica_status, replica_id, replica_kind, replica_segment, replica_offset, unit_bits, more):
     """Per row: PUT_END if any kept slot (``keep[k, j]`` over the rows of the objects' replica
     chains, ObjectTable.chains order, or with ``keep_complete`` the COMPLETE slots), else REMOVE. Per
     PUT_END row: object row, client code, group code (-1: none), size,
     data type, pin flags and kept replica count; per kept replica (row order, then slot order):
-    id, kind, segment code (-1 when not in memory), offset and size. One pass, so a single-key
+    id, kind, segment code (-1 when not in memory), byte offset and size. One pass, so a single-key
     call is one kernel call rather than dozens of tiny NumPy operations."""
     n = rows.shape[0]
     slots = replica_status.shape[1]
@@ -140,7 +141,8 @@ def _gather_entries(rows, keep, keep_complete, flags, group, client, size_bytes,
                     rid[r] = replica_id[rr, j]
                     kind[r] = replica_kind[rr, j]
                     seg[r] = _replica_place(replica_kind[rr, j], replica_segment[rr, j])
-                    offset[r] = replica_offset[rr, j]
+                    shift = offset_shift(replica_kind[rr, j], replica_segment[rr, j], unit_bits)
+                    offset[r] = np.int64(replica_offset[rr, j]) << shift
                     rsize[r] = size_bytes[row]
                     r += 1
                     c += 1
@@ -175,7 +177,8 @@ class Journal:
         (op, put, client, group, size, data_type, hard, soft, count, rid, kind, seg, offset,
          rsize) = _gather_entries(rows, _NO_KEEP if keep is None else keep, keep is None, o.flags, m.group_of.parts(),
                                   o.client, o.size_bytes, o.data_type, o.replica_status, o.replica_id,
-                                  o.replica_kind, o.replica_segment, o.replica_offset, o.replica_more)
+                                  o.replica_kind, o.replica_segment, o.replica_offset, m.segments.unit_bits,
+                                  o.replica_more)
         # one string table: the tenants, clients, groups and segment names these rows use, and ""
         strings: list[str] = []
         coded: dict[str, np.ndarray] = {}

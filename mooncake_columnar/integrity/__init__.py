@@ -9,15 +9,17 @@ Checks, in order:
 
 * ``segment_registry``: ``by_name``/``info`` agree; unmounted codes hold no allocator state.
 * ``live_count``, ``free_rows``, ``replica_chain``: LIVE rows below high_water == live_count;
-  each continuation row (kernels/chains.py) is in exactly one LIVE object's chain, names it and
-  carries its size, and their number is cont_count; the free-row stack is duplicate-free,
-  below high_water, holds no LIVE or continuation row, and free + live + continuation ==
-  high_water.
+  each continuation row (kernels/chains.py) is in exactly one LIVE object's chain, names it
+  (ObjectTable.continuation_owner, which names no other row; ``continuation_owner_slots`` and
+  ``_index``: its side-table bookkeeping) and carries its size, and their number is
+  cont_count; the free-row stack is duplicate-free, below high_water, holds no LIVE or
+  continuation row, and free + live + continuation == high_water.
 * ``replica_row``, ``replica_id``, ``replica_segment``, ``replica_extent``,
   ``replica_alignment``: every in-use replica slot belongs to a LIVE row (or one of its
   continuation rows) and has an id in
   [1, next_replica_id); every in-use MEMORY slot (and every pending discarded extent) lies on a
-  mounted segment, inside its capacity, at an offset aligned to its allocation unit.
+  mounted segment, inside its capacity, at an offset aligned to its allocation unit (a slot's
+  offset column counts units, so only a discarded extent can be unaligned).
 * ``free_list``, ``extent_overlap``, ``free_overlap``, ``free_list_gap``, ``segment_used``:
   each segment's free list is sorted, non-empty, coalesced and inside capacity; held extents
   (ak.held_end rule, discarded ones included) do not overlap each other or free space; on an
@@ -40,9 +42,9 @@ Checks, in order:
   deadline slot, a row that is not LIVE holds none, and every in-use slot's owner finds it.
 * ``group_table_slots``, ``group_table_index``, ``group_member``, ``group_link``, ``group_head``:
   the GroupTable (side table of group codes) keeps its bookkeeping and holds a code for grouped
-  LIVE rows only; grouped LIVE rows form one circular
-  ``group_next`` list per group code, members share the code and FLAG_GROUPED, ungrouped LIVE
-  rows point at themselves, ``group_head[g]`` is a member of g or -1 for an empty group.
+  LIVE rows only; grouped LIVE rows form one circular list per group code (the table's
+  ``next`` links), members share the code and FLAG_GROUPED, ``group_head[g]`` is a member of g
+  or -1 for an empty group.
 * ``tenant_ledger`` (multi-tenant mode): pending/committed equal a from-scratch charge of every
   LIVE row (store.ledger.TenantLedger.charge).
 * ``replica_id_unique``: no replica id is used twice.

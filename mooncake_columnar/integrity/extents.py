@@ -17,23 +17,20 @@ if TYPE_CHECKING:
 
 
 # ================================================================================ replica slots
-_SLOT_OK, _SLOT_ROW, _SLOT_ID, _SLOT_SEG, _SLOT_EXTENT, _SLOT_ALIGN = 0, 1, 2, 3, 4, 5
+_SLOT_OK, _SLOT_ROW, _SLOT_ID, _SLOT_SEG, _SLOT_EXTENT = 0, 1, 2, 3, 4
 _SLOT_CHECKS = {_SLOT_ROW: "replica_row", _SLOT_ID: "replica_id", _SLOT_SEG: "replica_segment",
-                _SLOT_EXTENT: "replica_extent", _SLOT_ALIGN: "replica_alignment"}
+                _SLOT_EXTENT: "replica_extent"}
 
 
 @njit(inline="always", cache=True)
-def _extent_problem(o, z, capacity, unit_bits):
-    """A memory extent of ``z`` bytes at ``o`` on a segment: inside it, on a unit boundary.
-    Scalars only (see _step); one test per `if` (see kernels.predicates)."""
+def _extent_problem(o, z, capacity):
+    """A memory extent of ``z`` bytes at ``o`` on a segment: inside it (on a unit boundary by
+    construction: a slot holds its offset in units). Scalars only (see _step); one test per
+    `if` (see kernels.predicates)."""
     if z <= 0:
-        return _SLOT_EXTENT
-    if o < 0:
         return _SLOT_EXTENT
     if o > capacity - z:
         return _SLOT_EXTENT
-    if o & ((np.int64(1) << unit_bits) - 1):
-        return _SLOT_ALIGN
     return _SLOT_OK
 
 
@@ -65,8 +62,8 @@ def _slot_pass(hw, owned, status, kind, seg, off, size, rep_id, next_id, mounted
                 return _SLOT_SEG, r, j, ascending
             if not mounted[s]:
                 return _SLOT_SEG, r, j, ascending
-            o = off[r, j]
-            problem = _extent_problem(o, size[r], capacity[s], unit_bits[s])
+            o = np.int64(off[r, j]) << unit_bits[s]  # replica_offset: in units (ak.offset_shift)
+            problem = _extent_problem(o, size[r], capacity[s])
             if problem != _SLOT_OK:
                 return problem, r, j, ascending
             if o <= last[s]:
@@ -99,7 +96,7 @@ def check_slots(m: "MasterService", owned: np.ndarray | None = None) -> np.ndarr
         fail(_SLOT_CHECKS[problem],
               f"{row_name(m, r)} slot {j}: status {int(o.replica_status[r, j])}, kind "
               f"{int(o.replica_kind[r, j])}, replica id {int(o.replica_id[r, j])} (next "
-              f"{m.next_replica_id}), {seg_name(m, code)}, offset {int(o.replica_offset[r, j])}, "
+              f"{m.next_replica_id}), {seg_name(m, code)}, offset column {int(o.replica_offset[r, j])}, "
               f"size {int(o.size_bytes[r])}")
     check_discarded(m, mounted)
     return ascending
@@ -226,7 +223,7 @@ def _tile_rows(hw, status, kind, seg, off, size, unit_bits, capacity, allocatabl
             if kind[r, j] != MEM:
                 continue
             s = np.int64(seg[r, j])
-            o = off[r, j]
+            o = np.int64(off[r, j]) << unit_bits[s]  # the column counts allocation units
             e = ak.held_end(o, size[r], unit_bits[s], capacity[s])
             if state[s, _NEXT] <= o:  # free or discarded extents come first (rare: once per extent)
                 state[s, _NEXT] = _advance(s, o, f_off, f_end, fi, f_bounds, d_off, d_end, di, d_bounds,
@@ -260,8 +257,8 @@ def _gather_held(hw, status, kind, seg, off, size, unit_bits, capacity):
             if status[r, j] != EMPTY and kind[r, j] == MEM:
                 s = seg[r, j]
                 k = fill[s]
-                starts[k] = off[r, j]
-                ends[k] = ak.held_end(off[r, j], size[r], unit_bits[s], capacity[s])
+                starts[k] = np.int64(off[r, j]) << unit_bits[s]
+                ends[k] = ak.held_end(starts[k], size[r], unit_bits[s], capacity[s])
                 fill[s] = k + 1
     return starts, ends, bounds
 
@@ -382,7 +379,7 @@ def _rows_at(m: "MasterService", code: int, at: int) -> np.ndarray:
     """Rows holding a memory extent of segment ``code`` that covers byte ``at`` (error path)."""
     o, s = m.objects, m.segments
     hw = o.high_water
-    seg, off = o.replica_segment[:hw], o.replica_offset[:hw]
+    seg, off = o.replica_segment[:hw], o.replica_offset[:hw].astype(np.int64) << s.unit_bits[code]
     end = off + o.size_bytes[:hw, None]
     on = memory_replica_on_mask(o.replica_status[:hw], o.replica_kind[:hw], seg, code)
     hit = on & (off <= at) & (end > at)

@@ -52,7 +52,7 @@ def _check_free_stack(free_rows, free_count, hw, flags):
 
 
 @njit(cache=True, nogil=True)
-def _claim_chains(hw, flags, more, group_next, sizes, claimed):
+def _claim_chains(hw, flags, more, cont_owner, sizes, claimed):
     """Walk the chain of every LIVE row of [0, hw), marking its continuation rows in
     ``claimed``. (0, -1) or (problem, row): 1 a link out of range, 2 a continuation row that is
     LIVE, 3 a row reached twice (a shared tail or a cycle), 4 a continuation row that does not
@@ -68,7 +68,7 @@ def _claim_chains(hw, flags, more, group_next, sizes, claimed):
                 return 2, c
             if claimed[c]:
                 return 3, c
-            if group_next[c] != r or sizes[c] != sizes[r]:
+            if cont_owner[c] != r or sizes[c] != sizes[r]:
                 return 4, c
             claimed[c] = True
             c = next_row(more, c)
@@ -86,7 +86,12 @@ def check_chains(m: "MasterService") -> np.ndarray:
         if o.cont_count:
             fail("replica_chain", f"cont_count is {o.cont_count} but no row has a continuation")
         return claimed
-    problem, r = _claim_chains(hw, o.flags, o.replica_more, o.group_next, o.size_bytes, claimed)
+    owners = o.continuation_owner
+    _check_side_table(owners, "continuation_owner")
+    held, owner = owners.held()
+    if held.size and (held.min() < 0 or held.max() >= hw):
+        fail("replica_chain", f"the continuation owner table names an object for a row outside [0, {hw})")
+    problem, r = _claim_chains(hw, o.flags, o.replica_more, owners.dense(held, owner, hw), o.size_bytes, claimed)
     if problem:
         what = {1: f"{row_name(m, r)} links past high_water {hw}",
                 2: f"continuation row {r} is LIVE", 3: f"row {r} is in two chains or in a cycle",
@@ -96,6 +101,9 @@ def check_chains(m: "MasterService") -> np.ndarray:
     if stray.size:
         fail("replica_chain", f"row {int(stray[0])} is neither LIVE nor in a chain but links to row "
                                f"{int(o.replica_more[stray[0]])}")
+    unclaimed = held[~claimed[held]]
+    if unclaimed.size:
+        fail("replica_chain", f"row {int(unclaimed[0])} names an object but is in no chain")
     if int(claimed.sum()) != o.cont_count:
         fail("replica_chain", f"{int(claimed.sum())} continuation rows in chains, cont_count is {o.cont_count}")
     return claimed
@@ -236,18 +244,14 @@ def check_soft_pins(m: "MasterService") -> None:
 # ================================================================================ groups
 @njit(cache=True, nogil=True)
 def _link_pass(hw, flags, group, group_next, n_groups, members, indegree):
-    """Per LIVE row: a grouped row's code is known and its successor is a LIVE member of the
-    same group; an ungrouped row points at itself. Counts members and predecessors.
-    (0, -1) or (problem, row): 1 bad code, 2 successor outside the group, 3 ungrouped not self."""
+    """Per grouped LIVE row: its code is known and its successor (``group_next``: dense, from
+    the group table's links) is a LIVE member of the same group. Counts members and
+    predecessors. (0, -1) or (problem, row): 1 bad code, 2 successor outside the group."""
     for r in range(hw):
         f = flags[r]
-        if not is_live(f):
+        if not is_live(f) or not is_grouped(f):
             continue
         nxt = np.int64(group_next[r])
-        if not is_grouped(f):
-            if nxt != r:
-                return 3, r
-            continue
         g = group[r]
         if g < 0 or g >= n_groups:
             return 1, r
@@ -300,18 +304,20 @@ def check_groups(m: "MasterService") -> None:
                       or ((o.flags[held] & (FLAG_LIVE | FLAG_GROUPED)) != (FLAG_LIVE | FLAG_GROUPED)).any()):
         fail("group_member", f"the group table holds a code for {held.size} rows, not all of them grouped LIVE rows")
     group = t.dense(*t.held(), hw)
-    problem, r = _link_pass(hw, o.flags, group, o.group_next, n_groups, members, indegree)
+    group_next = np.full(hw, -1, np.int64)  # the member lists as a column: -1 where no slot
+    slots = np.flatnonzero(t.in_use)
+    group_next[t.row[slots]] = t.next[slots]
+    problem, r = _link_pass(hw, o.flags, group, group_next, n_groups, members, indegree)
     if problem:
         what = {1: f"has unknown group code {int(group[r])}",
-                2: f"links to row {int(o.group_next[r])}, not a LIVE member of its group {int(group[r])}",
-                3: f"is ungrouped but links to row {int(o.group_next[r])}"}[problem]
-        fail("group_member" if problem < 3 else "group_link", f"{row_name(m, r)} {what}")
+                2: f"links to row {int(group_next[r])}, not a LIVE member of its group {int(group[r])}"}[problem]
+        fail("group_member", f"{row_name(m, r)} {what}")
     grouped = (o.flags[:hw] & (FLAG_LIVE | FLAG_GROUPED)) == (FLAG_LIVE | FLAG_GROUPED)
     bad = np.flatnonzero(grouped & (indegree != 1))
     if bad.size:
         r = int(bad[0])
         fail("group_link", f"{row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
-    problem, g = _walk_groups(m.group_head, o.group_next, o.flags, group, members[:n_groups], hw)
+    problem, g = _walk_groups(m.group_head, group_next, o.flags, group, members[:n_groups], hw)
     if problem:
         name = m.store.group_names[g] if g < n_groups else "?"
         what = (f"head {int(m.group_head[g])} is not a LIVE member" if problem == 1

@@ -16,6 +16,7 @@ from numba.typed import List
 
 from .dispatch import BATCH_MIN, variant
 from .moves import move
+from .predicates import memory_segment
 
 
 _EXTENTS = types.int64[::1]
@@ -66,6 +67,18 @@ def held_end(offset, size, unit_bits, capacity):
     allocation, free and rebuild goes through it. Works on scalars and (offset, size) arrays."""
     mask = (np.int64(1) << unit_bits) - 1
     return np.minimum((offset + size + mask) & ~mask, capacity)
+
+
+@njit(inline="always", cache=True)
+def offset_shift(kind, seg, unit_bits):
+    """Bits a replica slot's ``replica_offset`` is shifted left by to give its byte offset. A
+    memory replica starts on a unit boundary (see :func:`held_end`) and its segment has at most
+    ``offset_allocator_v1.MAX_BIN_SIZE`` units, so its offset is kept in units (a uint32 column
+    instead of an int64); any other kind's offset is kept in bytes. Scalars."""
+    s = memory_segment(kind, seg)
+    if s < 0:
+        return np.int64(0)
+    return unit_bits[s]
 
 
 @njit(cache=True)

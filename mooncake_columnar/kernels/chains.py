@@ -5,7 +5,7 @@ with more replicas than R (rare: up to ``max_replica_num``) keeps the rest in co
 of the same table, linked by ``ObjectTable.replica_more``: its own bytes, instead of widening
 every row. ``more`` is empty until the first continuation row exists, so the common case costs
 one length test per object. Continuation rows are not LIVE; each carries its object's size (so
-per-slot code reads ``sizes[row]`` for any row) and names its object in ``group_next``.
+per-slot code reads ``sizes[row]`` for any row); ``ObjectTable.continuation_owner`` names its object.
 
 Kernels walk an object's slots as::
 

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from .chains import next_row
+from .slot_index import slot_value
 from .predicates import (is_eviction_candidate, is_evictable_memory_replica, is_grouped,
                          is_hard_pinned, is_live, is_unreadable_memory_replica, lease_expired,
                          object_has_evictable_memory_replica, slot_in_use, soft_pin_active)
@@ -332,13 +333,13 @@ def any_grouped(rows, flags):
 
 
 @njit(cache=True, nogil=True)
-def _member_blocks_group(r, now, lease, flags, group_next):
+def _member_blocks_group(r, now, lease, flags, group_links):
     """Upstream: one member with a live lease protects its whole group."""
     m = r
     while True:
         if not lease_expired(lease[m], now):
             return True
-        m = group_next[m]
+        m = slot_value(group_links, m, r)
         if m == r:
             return False
 
@@ -356,7 +357,7 @@ def _evictable_bytes(r, sizes, status, kind, segment, refcnt, seg_readable, more
 
 
 @njit(cache=True, nogil=True)
-def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_deadline, group_next,
+def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_deadline, group_links,
          sizes, status, kind, segment, refcnt, seg_readable, more):
     """Walk census candidates in order until ``want`` objects (or ``want_bytes`` of evictable
     memory, tenant quota) are planned; a grouped candidate brings every safe member of its
@@ -384,7 +385,7 @@ def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_d
             if count_bytes:
                 freed += _evictable_bytes(r, sizes, status, kind, segment, refcnt, seg_readable, more)
             continue
-        if _member_blocks_group(r, now, lease, flags, group_next):
+        if _member_blocks_group(r, now, lease, flags, group_links):
             continue
         m = r
         while True:  # safe members go; hard- or soft-pinned ones stay
@@ -394,7 +395,7 @@ def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_d
                 n += 1
                 if count_bytes:
                     freed += _evictable_bytes(m, sizes, status, kind, segment, refcnt, seg_readable, more)
-            m = group_next[m]
+            m = slot_value(group_links, m, r)
             if m == r:
                 break
     return n, freed

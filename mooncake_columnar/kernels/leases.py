@@ -8,7 +8,7 @@ from ..clock import INT64_MAX
 from ..schema import FLAG_GROUP_REFRESH, FLAG_PENDING_SOFT_PIN, FLAG_SOFT_PIN_ENABLED
 from .predicates import group_awaits_refresh, is_grouped, is_soft_pin_enabled
 from .rowbits import has_bit
-from .slot_index import find_slot
+from .slot_index import find_slot, slot_value
 
 _REFRESH = int(FLAG_GROUP_REFRESH)
 _SOFT_ENABLED = int(FLAG_SOFT_PIN_ENABLED)
@@ -55,15 +55,15 @@ def grant_read_lease(row, now, ttl_ns, lease, flags):
 
 
 @njit(cache=True)
-def grant_group_read_lease(row, now, ttl_ns, lease, flags, group_next):
-    """Every member of ``row``'s group gets the same deadline (one ``now``); the group's
-    refresh mark is cleared."""
+def grant_group_read_lease(row, now, ttl_ns, lease, flags, group_links):
+    """Every member of ``row``'s group (``group_links``: GroupTable.links()) gets the same
+    deadline (one ``now``); the group's refresh mark is cleared."""
     deadline = now + ttl_ns
     r = row
     while True:
         grant_until(lease, r, deadline)
         flags[r] = flags[r] & ~np.uint8(_REFRESH)
-        r = group_next[r]
+        r = slot_value(group_links, r, row)
         if r == row:
             break
 

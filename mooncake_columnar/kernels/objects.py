@@ -96,7 +96,7 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
     """Create objects for batch keys ``picks``; keys already present get ALREADY_EXISTS.
 
     Takes rows from ``free_rows`` in order; writes codes/out_rows per key. Replicas beyond the
-    row's slots (a wide put) go to ``ex_*`` (object row, segment, offset, id) for the caller
+    row's slots (a wide put) go to ``ex_*`` (object row, segment, byte offset, id) for the caller
     to place in continuation rows. Returns (rows used, new arena size, next replica id, extras).
     """
     seg_buf = np.empty(replica_num, np.int64)
@@ -131,7 +131,7 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
         for j in range(placed):
             if j < hot:
                 rep_seg[row, j] = seg_buf[j]
-                rep_off[row, j] = off_buf[j]
+                rep_off[row, j] = off_buf[j] >> unit_bits[seg_buf[j]]  # in units: ak.offset_shift
                 rep_status[row, j] = _ST_PROC
                 rep_kind[row, j] = _MEM
                 rep_id[row, j] = next_replica_id
@@ -225,42 +225,49 @@ def complete_puts(rows, *args):
 
 
 @njit(cache=True)
-def link_group_members(rows, gcode, group_head, group_next, flags):
-    """Add new rows (their code already in the group table) to group ``gcode``'s circular member
-    list and mark the group for refresh."""
+def link_group_members(rows, gcode, group_head, links, flags):
+    """Add new rows (their code already in the group table, ``links``: its links()) to group
+    ``gcode``'s circular member list and mark the group for refresh."""
+    index, owner, nxt = links
     head = group_head[gcode]
     for i in range(rows.shape[0]):
         r = rows[i]
         flags[r] |= np.uint8(_GROUPED)
+        s = find_slot(index, owner, r)
         if head < 0:
             head = r
-            group_next[r] = r
+            nxt[s] = r
         else:
-            group_next[r] = group_next[head]
-            group_next[head] = r
+            h = find_slot(index, owner, head)
+            nxt[s] = nxt[h]
+            nxt[h] = r
     group_head[gcode] = head
     r = head
     while True:  # upstream: a new member puts the group in groups_needing_lease_refresh_
         flags[r] |= np.uint8(_REFRESH)
-        r = group_next[r]
+        r = slot_value(links, r, head)
         if r == head:
             break
 
 
 @njit(cache=True)
-def unlink_group_members(rows, group_head, group_next, groups, flags):
+def unlink_group_members(rows, group_head, groups, links, flags):
     """Remove rows from their group's circular member list, keeping group_head on a member
-    (``groups``: the GroupTable's parts())."""
+    (``groups``, ``links``: the GroupTable's parts() and links()); their slots stay taken."""
+    index, owner, nxt = links
     for i in range(rows.shape[0]):
         r = rows[i]
         if not is_grouped(flags[r]):
             continue
         g = slot_value(groups, r, -1)
+        s = find_slot(index, owner, r)
         p = r
-        while group_next[p] != r:
-            p = group_next[p]
-        group_next[p] = group_next[r]
-        group_next[r] = r
+        ps = s
+        while nxt[ps] != r:
+            p = nxt[ps]
+            ps = find_slot(index, owner, p)
+        nxt[ps] = nxt[s]
+        nxt[s] = r
         if group_head[g] == r:
             group_head[g] = p if p != r else -1
 
@@ -379,9 +386,9 @@ def _frees_extent(r, j, allocatable, rep_kind, rep_seg):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off):
+def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off, unit_bits):
     """Clear replica slots (rows[i], slots[i]); returns the memory extents they held on
-    allocatable segments as (segment, offset, size) for one merged free, and the bytes dropped.
+    allocatable segments as (segment, byte offset, size) for one merged free, and the bytes dropped.
     Parallel: chunks count their extents, then fill their share of the output in input order."""
     n = rows.shape[0]
     chunks = 64
@@ -403,8 +410,9 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
         for i in range(c * step, min(n, (c + 1) * step)):
             r, j = rows[i], slots[i]
             if _frees_extent(r, j, allocatable, rep_kind, rep_seg):
-                segs[k] = rep_seg[r, j]
-                offs[k] = rep_off[r, j]
+                s = rep_seg[r, j]
+                segs[k] = s
+                offs[k] = np.int64(rep_off[r, j]) << unit_bits[s]  # a memory replica's: in units
                 lens[k] = sizes[r]
                 k += 1
             dropped[c] += sizes[r]

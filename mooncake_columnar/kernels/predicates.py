@@ -49,13 +49,20 @@ def is_readable_replica(status, kind, segment, segment_readable):
 
 
 @njit(inline="always", cache=True)
+def memory_segment(kind, segment):
+    """The segment of a slot known in use when it holds a memory replica; -1 otherwise (scalar
+    :func:`memory_on_segment_mask`)."""
+    if kind != _MEMORY:
+        return -1
+    return segment
+
+
+@njit(inline="always", cache=True)
 def memory_replica_segment(status, kind, segment):
     """The segment code of the memory replica a slot holds; -1 when it holds none."""
     if not slot_in_use(status):
         return -1
-    if kind != _MEMORY:
-        return -1
-    return segment
+    return memory_segment(kind, segment)
 
 
 @njit(inline="always", cache=True)

@@ -1,6 +1,6 @@
 """The columns the single-key read kernel reads, as one Numba object (a StructRef).
 
-A compiled call unboxes each NumPy argument (~0.2 us apiece): the single-key read's 15 columns
+A compiled call unboxes each NumPy argument (~0.2 us apiece): the single-key read's 14 columns
 cost more than the read itself. Handed over as one StructRef built once, they unbox as one
 pointer. The object holds references to the arrays it was built from, so whoever keeps one
 must build a new one when the store replaces any of them (store/read_columns.py does).
@@ -13,7 +13,7 @@ from numba import config, njit, types
 from numba.experimental import structref
 
 # the fields, in the order read_columns takes them
-FIELDS = ("table", "arena", "key_refs", "row_tenant", "flags", "lease", "group_next", "rep_status", "rep_kind",
+FIELDS = ("table", "arena", "key_refs", "row_tenant", "flags", "lease", "rep_status", "rep_kind",
           "rep_seg", "seg_readable", "more", "rep_id", "rep_offset", "size_bytes")
 
 
@@ -34,9 +34,9 @@ structref.define_constructor(ReadColumns, ReadColumnsType, FIELDS)
 
 
 @njit(cache=True)
-def _read_columns(table, arena, key_refs, row_tenant, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+def _read_columns(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg,
                   seg_readable, more, rep_id, rep_offset, size_bytes):
-    return ReadColumns(table, arena, key_refs, row_tenant, flags, lease, group_next, rep_status, rep_kind, rep_seg,
+    return ReadColumns(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg,
                        seg_readable, more, rep_id, rep_offset, size_bytes)
 
 

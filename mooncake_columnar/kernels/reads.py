@@ -104,14 +104,15 @@ def _grown(a, n):
 
 
 @njit(cache=True)
-def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_next,
+def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_links,
                 rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
-                want_replicas, codes):
+                seg_unit_bits, want_replicas, codes):
     """Read codes of keys ``offsets``/``data`` (``tenants``: hashing.tenant_at) into
     ``codes``, the read lease granted on OK; and, if ``want_replicas``, the readable replicas
     of the OK keys as columns ``(key index, replica id, segment code, address, size)``. A
-    memory replica's segment code is its segment (address: ``seg_base[code]`` + offset); any
-    other replica's is ``len(seg_base) - 1`` (``seg_base`` ends with 0: its address is the
+    memory replica's segment code is its segment (address: ``seg_base[code]`` + its offset
+    column shifted by ``seg_unit_bits[code]``, see allocation.offset_shift); any other replica's
+    is ``len(seg_base) - 1`` (``seg_base`` and ``seg_unit_bits`` end with 0: its address is the
     offset)."""
     n = offsets.shape[0] - 1
     hs = np.empty(_BLOCK, np.uint64)
@@ -143,7 +144,7 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
             if code != OK:
                 continue
             if grant_read_lease(r, now, ttl_ns, lease, flags):
-                grant_group_read_lease(r, now, ttl_ns, lease, flags, group_next)
+                grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
             rows[t] = r
         if not want_replicas:
             continue
@@ -165,7 +166,7 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
                     out_i[k] = i
                     out_id[k] = rep_id[rr, j]
                     out_seg[k] = s
-                    out_addr[k] = seg_base[s] + rep_offset[rr, j]
+                    out_addr[k] = seg_base[s] + (np.int64(rep_offset[rr, j]) << seg_unit_bits[s])
                     out_size[k] = size_bytes[rr]
                     k += 1
                 rr = next_row(more, rr)
@@ -184,12 +185,15 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
 
 @njit(cache=True)
 def read_one(cols, key, tenant, now, ttl_ns):
-    """Single-key get_replica_list and exist_key: ``(code, row, count, replica_id, kind,
+    """Single-key get_replica_list and exist_key: ``(code, row, group, count, replica_id, kind,
     segment, offset, size)`` with the lease granted on OK. ``cols``: the columns as one object
-    (kernels/read_columns.py: one pointer to unbox, not 15 arrays). ``count``: the object's
-    readable replicas (on OK); when it is 1, the rest are that replica's slot values (its row's
-    size), so the caller builds its one descriptor without reading the columns again (else they
-    are 0). ``key``: the key's bytes (a ``bytes`` object: no NumPy array per call); nothing is
+    (kernels/read_columns.py: one pointer to unbox, not 14 arrays). ``group``: the caller grants
+    the group's lease (leases.grant_group_read_lease over the group table's arrays, which only
+    grouped objects need). ``offset``: the offset column's value, see allocation.offset_shift.
+    ``count``: the object's readable replicas (on OK); when it is 1, the rest are that
+    replica's slot values (its row's size), so the caller builds its one descriptor without
+    reading the columns again (else they are 0). ``key``: the key's bytes (a ``bytes`` object:
+    no NumPy array per call); nothing is
     allocated either."""
     rep_status, rep_kind, rep_seg, seg_readable = cols.rep_status, cols.rep_kind, cols.rep_seg, cols.seg_readable
     flags, lease, more = cols.flags, cols.lease, cols.more
@@ -201,11 +205,11 @@ def read_one(cols, key, tenant, now, ttl_ns):
         _prefetch_descriptors(1, (r,), cols.size_bytes, cols.rep_id, cols.rep_offset)
     code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
     count = 0
+    group = False
     rid = np.uint64(0)  # the replica id column's dtype (a uint64 boxes to an exact Python int)
     kind = seg = offset = size = 0  # int(): plain ints under NUMBA_DISABLE_JIT too
     if code == OK:
-        if grant_read_lease(r, now, ttl_ns, lease, flags):
-            grant_group_read_lease(r, now, ttl_ns, lease, flags, cols.group_next)
+        group = grant_read_lease(r, now, ttl_ns, lease, flags)
         rr = r
         while rr >= 0:
             for j in range(rep_status.shape[1]):
@@ -221,4 +225,4 @@ def read_one(cols, key, tenant, now, ttl_ns):
     if count != 1:
         rid = np.uint64(0)
         kind = seg = offset = size = 0
-    return code, r, count, rid, kind, seg, offset, size
+    return code, r, group, count, rid, kind, seg, offset, size

@@ -25,7 +25,7 @@ _NO_CHAINS = np.empty(0, np.int32)
 
 
 @njit(cache=True, nogil=True)
-def _stream(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off, more,
+def _stream(bits, on_segment, capacity, unit_bits, off_bits, sizes, rep_status, rep_kind, rep_seg, rep_off, more,
             held, last, gap_seg, gap_start, gap_len, fault):
     """One pass over the memory replicas on flagged segments of the rows in ``bits``, row by row:
     checks that each extent lies inside its segment and at or past the held end of the previous
@@ -48,17 +48,17 @@ def _stream(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_kind, 
                     c = rep_seg[r, j]
                     if not is_memory_replica_on(rep_status[r, j], rep_kind[r, j], c, on_segment):
                         continue
-                    o, z = rep_off[r, j], sizes[r]
+                    o, z = np.int64(rep_off[r, j]) << off_bits[c], sizes[r]
                     status = OK
                     if o < 0 or z <= 0 or o > capacity[c] - z:  # no int64 overflow on hostile sizes
                         status = OUT_OF_RANGE
                     elif o < held[c]:
-                        status = _behind(o, rep_off, sizes, last[c], slots)
+                        status = _behind(o, rep_off, off_bits[c], sizes, last[c], slots)
                     if status != OK:
                         fault[0], fault[3], fault[4], fault[6] = c, o, o + z, r
                         if last[c] >= 0:
                             fault[5] = last[c] // slots
-                            fault[1] = rep_off[fault[5], last[c] % slots]
+                            fault[1] = np.int64(rep_off[fault[5], last[c] % slots]) << off_bits[c]
                             fault[2] = fault[1] + sizes[fault[5]]
                         return status, k
                     last[c] = r * slots + j
@@ -71,10 +71,10 @@ def _stream(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_kind, 
 
 
 @njit(inline="always", cache=True)
-def _behind(o, rep_off, sizes, at, slots):
+def _behind(o, rep_off, off_bits, sizes, at, slots):
     """Why an extent at ``o`` starts before the held end of the previous one (at row * slots +
     slot ``at``) on its segment."""
-    start = rep_off[at // slots, at % slots]
+    start = np.int64(rep_off[at // slots, at % slots]) << off_bits
     if o < start:
         return UNSORTED
     if o < start + sizes[at // slots]:
@@ -83,10 +83,13 @@ def _behind(o, rep_off, sizes, at, slots):
 
 
 @njit(cache=True, nogil=True)
-def free_extents(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off, more):
+def free_extents(bits, on_segment, capacity, unit_bits, off_bits, sizes, rep_status, rep_kind, rep_seg, rep_off,
+                 more):
     """(status, fault, starts, lengths, lo, hi, used): the free extents of every segment flagged
     in ``on_segment`` from the memory replicas of the rows in ``bits`` (walked in row order, each
     with its chain); segment c's are ``starts/lengths[lo[c]:hi[c]]``, ``used[c]`` its held bytes.
+    A replica's byte offset is ``rep_off << off_bits[c]``: ``unit_bits`` for the engine's
+    ``replica_offset`` column (allocation units, see allocation.offset_shift), zeros for bytes.
     A status other than OK (extents out of offset order, overlapping in bytes or in an allocation
     unit, or outside the segment) comes with no extents; see :func:`_stream` for ``fault``.
 
@@ -100,8 +103,8 @@ def free_extents(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_k
     gap_seg = np.empty(bound, np.int32)
     gap_start = np.empty(bound, np.int64)
     gap_len = np.empty(bound, np.int64)
-    status, k = _stream(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off, more,
-                        held, last, gap_seg, gap_start, gap_len, fault)
+    status, k = _stream(bits, on_segment, capacity, unit_bits, off_bits, sizes, rep_status, rep_kind, rep_seg,
+                        rep_off, more, held, last, gap_seg, gap_start, gap_len, fault)
     used = np.zeros(n_seg, np.int64)
     if status != OK:
         return status, fault, gap_start[:0], gap_len[:0], used, used, used
@@ -120,8 +123,8 @@ def free_extents(bits, on_segment, capacity, unit_bits, sizes, rep_status, rep_k
 
 
 @njit(cache=True, nogil=True)
-def gather_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_seg, rep_off, more):
-    """(segment, offset, size) of the memory replicas on flagged segments of the ``matched`` rows
+def gather_extents(bits, matched, on_segment, unit_bits, sizes, rep_status, rep_kind, rep_seg, rep_off, more):
+    """(segment, byte offset, size) of the memory replicas on flagged segments of the ``matched`` rows
     in ``bits``, in row order. One pass into arrays sized for the worst case: only the pages
     written are touched."""
     bound = (matched + more.shape[0]) * rep_status.shape[1]  # continuation rows: at most one per row
@@ -139,7 +142,7 @@ def gather_extents(bits, matched, on_segment, sizes, rep_status, rep_kind, rep_s
                         for j in range(rep_status.shape[1]):
                             if is_memory_replica_on(rep_status[r, j], rep_kind[r, j], rep_seg[r, j], on_segment):
                                 segs[k] = rep_seg[r, j]
-                                offs[k] = rep_off[r, j]
+                                offs[k] = np.int64(rep_off[r, j]) << unit_bits[segs[k]]
                                 lens[k] = sizes[r]
                                 k += 1
                         r = next_row(more, r)
@@ -172,13 +175,15 @@ def free_extents_sorted(seg: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
     # one-slot columns, every slot a memory replica: the kernel the engine columns take
     status_col = np.ones((n, 1), np.uint8)
     kind_col = np.full((n, 1), KIND_MEMORY, np.uint8)
-    out = free_extents(all_rows(n), on_segment, capacity, unit_bits, sizes, status_col, kind_col,
+    in_bytes = np.zeros_like(unit_bits)
+    out = free_extents(all_rows(n), on_segment, capacity, unit_bits, in_bytes, sizes, status_col, kind_col,
                        seg.reshape(n, 1), offsets.reshape(n, 1), _NO_CHAINS)
     if out[0] != UNSORTED:
         return out
     order = order_by_segment_offset(seg, offsets)
-    status, fault, *rest = free_extents(all_rows(n), on_segment, capacity, unit_bits, sizes[order], status_col,
-                                        kind_col, seg[order].reshape(n, 1), offsets[order].reshape(n, 1), _NO_CHAINS)
+    status, fault, *rest = free_extents(all_rows(n), on_segment, capacity, unit_bits, in_bytes, sizes[order],
+                                        status_col, kind_col, seg[order].reshape(n, 1), offsets[order].reshape(n, 1),
+                                        _NO_CHAINS)
     if status != OK:  # the rows named are positions in the sorted arrays: back to the caller's
         fault[5:] = np.where(fault[5:] >= 0, order[np.maximum(fault[5:], 0)], -1)
     return (status, fault, *rest)

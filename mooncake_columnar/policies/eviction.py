@@ -144,7 +144,8 @@ class _Planner:
         for k in (want + max(1024, want // 10), candidates.size):
             ordered = ek.earliest_first(candidates, o.lease_deadline_ns, k)
             n, freed = ek.plan(ordered, want - planned, want_bytes - self.freed_bytes, self.now, allow_soft,
-                               self.codes, o.flags, o.lease_deadline_ns, self.m.store.soft_pins.parts(), o.group_next,
+                               self.codes, o.flags, o.lease_deadline_ns, self.m.store.soft_pins.parts(),
+                               self.m.store.group_of.links(),
                                o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment,
                                o.replica_refcnt, self.m.store.segments.readable, o.replica_more)
             planned += n

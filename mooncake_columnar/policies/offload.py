@@ -77,6 +77,7 @@ def complete_offload(m: "MasterService", row: int, client_id: str, what: str) ->
     o.replica_status[r, j] = ST_COMPLETE
     o.replica_kind[r, j] = int(ReplicaKind.LOCAL_DISK)
     o.replica_segment[r, j] = client_code
+    o.replica_offset[r, j] = 0  # a local-disk copy has no offset (a freed slot keeps its last value)
     o.replica_id[r, j] = s.next_replica_id
     s.next_replica_id += 1
     o.replica_refcnt[s.offloads.slot_rows[pos], s.offloads.slots[pos]] -= 1

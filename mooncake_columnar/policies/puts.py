@@ -113,7 +113,7 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
     if config.group_id and new.size:
         gcode = s.group_code(config.tenant_id, config.group_id)
         s.group_of.add(new, gcode)
-        ok.link_group_members(new, gcode, s.group_head, o.group_next, o.flags)
+        ok.link_group_members(new, gcode, s.group_head, s.group_of.links(), o.flags)
     s.charge(new, +1)
     if (codes == ErrorCode.NO_AVAILABLE_HANDLE).any():
         m.metrics.inc("put_start_alloc_failures", int((codes == ErrorCode.NO_AVAILABLE_HANDLE).sum()))

@@ -14,6 +14,7 @@ from ..metrics import Metrics
 from ..schema import (FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_EMPTY,
                       ReplicaKind, ReplicaStatus)
 from ..store.metadata import MetadataStore
+from ..store.segments import byte_offsets
 
 # int -> enum for the descriptors a single-key call builds (plain ints: no NumPy scalar per replica)
 _KINDS = {int(k): k for k in ReplicaKind}
@@ -93,7 +94,7 @@ def readable_descriptors(store: MetadataStore, row: int) -> list[ReplicaDescript
                                                    o.replica_id, o.replica_offset, o.size_bytes)
     more = o.replica_more
     readable_mask = store.segments.readable
-    info = store.segments.info
+    info, unit_bits = store.segments.info, store.segments.unit_bits
     width = status.shape[1]
     out: list[ReplicaDescriptor] = []
     while row >= 0:  # the object's row, then its continuation rows (kernels/chains.py)
@@ -108,8 +109,8 @@ def readable_descriptors(store: MetadataStore, row: int) -> list[ReplicaDescript
             elif code >= 0 and readable_mask.item(code):  # kernels/predicates.is_readable_replica
                 seg = info[code]
                 out.append(ReplicaDescriptor(ids.item(row, j), kind, ReplicaStatus.COMPLETE, seg.name,
-                                             seg.endpoint, seg.base + offsets.item(row, j), sizes.item(row),
-                                             True))
+                                             seg.endpoint, seg.base + (offsets.item(row, j) << unit_bits.item(code)),
+                                             sizes.item(row), True))
         row = more.item(row) if row < more.size else -1
     return out
 
@@ -117,14 +118,15 @@ def readable_descriptors(store: MetadataStore, row: int) -> list[ReplicaDescript
 def readable_descriptor(store: MetadataStore, replica_id: int, kind: int, code: int, offset: int,
                         size: int) -> ReplicaDescriptor:
     """The descriptor :func:`readable_descriptors` builds for a readable (so COMPLETE) slot
-    with these column values (``code``: the slot's segment column)."""
+    with these column values (``code``: the slot's segment column, ``offset`` its offset column)."""
     if kind != _MEMORY:  # LOCAL_DISK: the segment column holds the owner client
         return ReplicaDescriptor(replica_id, _KINDS[kind], _COMPLETE_STATUS, "", store.clients.name(code), 0,
                                  size, True)
     seg = store.segments.info[code]
     assert seg is not None  # readable: its segment is mounted
+    address = seg.base + (offset << store.segments.unit_bits.item(code))
     return _new_descriptor(ReplicaDescriptor, (replica_id, _MEMORY_KIND, _COMPLETE_STATUS, seg.name, seg.endpoint,
-                                               seg.base + offset, size, True))
+                                               address, size, True))
 
 
 def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: list[ReplicaDescriptor]) -> None:
@@ -148,7 +150,8 @@ def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: l
             continue
         seg = store.segments.info[code]
         out.append(ReplicaDescriptor(int(o.replica_id[row, j]), kind, _STATUSES[st], seg.name, seg.endpoint,
-                                     seg.base + int(o.replica_offset[row, j]), int(o.size_bytes[row]),
+                                     seg.base + (int(o.replica_offset[row, j]) << int(store.segments.unit_bits[code])),
+                                     int(o.size_bytes[row]),
                                      readable))
 
 
@@ -159,21 +162,22 @@ def replica_columns(store: MetadataStore, batch_idx: np.ndarray, rows: np.ndarra
     chains = o.chains(rows[batch_idx])
     ri, j = np.nonzero(o.replica_status[chains.rows] != ST_EMPTY)
     ki, r = batch_idx[chains.owner[ri]], chains.rows[ri]
-    names, endpoints, bases = _segment_lists(store)
+    names, endpoints, bases, unit_bits = _segment_lists(store)
     # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
     seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(names) - 1)
-    return ReplicaColumns(ki, o.replica_id[r, j], seg_codes, names, endpoints,
-                          bases[seg_codes] + o.replica_offset[r, j], o.size_bytes[r])
+    address = bases[seg_codes] + byte_offsets(o.replica_offset[r, j], unit_bits[seg_codes])
+    return ReplicaColumns(ki, o.replica_id[r, j], seg_codes, names, endpoints, address, o.size_bytes[r])
 
 
-def _segment_lists(store: MetadataStore) -> tuple[list[str], list[str], np.ndarray]:
-    """Names, endpoints and base addresses by segment code, with a trailing ("", "", 0) entry
-    for the replicas on no segment (LOCAL_DISK)."""
+def _segment_lists(store: MetadataStore) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    """Names, endpoints, base addresses and allocation unit bits (what a memory replica's offset
+    column is shifted by) by segment code, with a trailing ("", "", 0, 0) entry for the replicas
+    on no segment (LOCAL_DISK)."""
     infos = store.segments.info
     names = [s.name if s else "" for s in infos] + [""]
     endpoints = [s.endpoint if s else "" for s in infos] + [""]
     bases = np.array([s.base if s else 0 for s in infos] + [0], np.int64)
-    return names, endpoints, bases
+    return names, endpoints, bases, np.append(store.segments.unit_bits[:len(infos)], 0)
 
 
 def read_batch(store: MetadataStore, offsets: np.ndarray, data: np.ndarray, tenant: int, now: int, ttl_ns: int,
@@ -184,11 +188,12 @@ def read_batch(store: MetadataStore, offsets: np.ndarray, data: np.ndarray, tena
     o, k = store.objects, store.keys
     n = offsets.size - 1
     codes = np.empty(n, np.int32)
-    names, endpoints, bases = _segment_lists(store) if want_replicas else ([], [], np.zeros(1, np.int64))
+    names, endpoints, bases, unit_bits = (_segment_lists(store) if want_replicas
+                                          else ([], [], np.zeros(1, np.int64), np.zeros(1, np.int64)))
     ki, ids, seg_codes, address, size = rk.read_batch(
         k.table, k.arena, o.key_ref, o.tenant, offsets, data, np.array([tenant], np.int32), now, ttl_ns,
-        o.flags, o.lease_deadline_ns, o.group_next, o.replica_status, o.replica_kind, o.replica_segment,
-        store.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes, bases,
+        o.flags, o.lease_deadline_ns, store.group_of.links(), o.replica_status, o.replica_kind, o.replica_segment,
+        store.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes, bases, unit_bits,
         want_replicas, codes)
     if not want_replicas:
         return codes, None

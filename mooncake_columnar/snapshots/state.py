@@ -39,6 +39,7 @@ from ..schema import (
     NAME_INDEX_TYPES,
     OBJECTS_ARROW_SCHEMA,
     OBJECTS_PAYLOAD_SCHEMA,
+    REPLICA_COLUMNS,
     REPLICAS_ARROW_SCHEMA,
     REPLICAS_PAYLOAD_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
@@ -396,7 +397,7 @@ def _first_repeat_in_bitmap(ids, words):
 
 # _check_replicas' results (0: consistent); module-level ints, which Numba compiles in
 (_BAD_OBJECT_INDEX, _COUNT_MISMATCH, _ID_TOO_LARGE, _NEGATIVE_OFFSET, _UNKNOWN_SEGMENT, _BEYOND_CAPACITY,
- _ZERO_ID, _BAD_STATUS, _BAD_KIND, _SIZE_MISMATCH, _UNALIGNED_OFFSET) = range(1, 12)
+ _ZERO_ID, _BAD_STATUS, _BAD_KIND, _SIZE_MISMATCH, _UNALIGNED_OFFSET, _OFFSET_TOO_LARGE) = range(1, 13)
 # kernel error -> (replicas field, what is wrong)
 _REPLICA_ERRORS = {
     _BAD_OBJECT_INDEX: ("object_index", "outside [0, {n})"),
@@ -410,7 +411,10 @@ _REPLICA_ERRORS = {
     _BAD_KIND: ("kind", f"not a replica kind (0..{int(max(ReplicaKind))})"),
     _SIZE_MISMATCH: ("size", "differs from its object's size_bytes (the extent the engine holds)"),
     _UNALIGNED_OFFSET: ("offset", "not a multiple of its segment's allocation unit"),
+    _OFFSET_TOO_LARGE: ("offset", "above 2**32 - 1 (a replica not in memory: the engine keeps its offset in 32 bits)"),
 }
+# a non-memory replica's offset: the object table's replica_offset column holds it in bytes
+_MAX_OTHER_OFFSET = np.int64(np.iinfo(REPLICA_COLUMNS["replica_offset"]).max)
 _MAX_STATUS = np.uint8(max(ReplicaStatus))
 _ST_EMPTY = int(ST_EMPTY)
 _MAX_KIND = np.uint8(max(ReplicaKind))
@@ -449,6 +453,8 @@ def _check_replicas(object_index, replica_count, obj_size, replica_id, offset, s
                 return _BEYOND_CAPACITY, i
             if offset[i] & ((np.int64(1) << unit_bits[row]) - 1):
                 return _UNALIGNED_OFFSET, i
+        elif offset[i] > _MAX_OTHER_OFFSET:
+            return _OFFSET_TOO_LARGE, i
         if runs:
             if oi == prev:
                 run += 1

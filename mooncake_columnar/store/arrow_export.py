@@ -42,7 +42,7 @@ from ..schema import (
 )
 from .objects import put_start_ms
 from .rare_fields import GroupTable, SoftPinTable
-from .segments import Segment, segments_table
+from .segments import Segment, byte_offsets, offset_shifts, segments_table
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore
@@ -79,6 +79,7 @@ class FrozenColumns:
     group_names: list[str]
     segments: list[Segment | None]
     segment_readable: np.ndarray
+    segment_unit_bits: np.ndarray  # memory replicas' replica_offset is in these units (allocation.offset_shift)
     replica_next_id: int
 
     @property
@@ -116,7 +117,7 @@ def freeze(m: "MetadataStore", alloc: Allocator | None = _fresh) -> FrozenColumn
         tenants=[m.tenants.name(c) for c in range(len(m.tenants))],
         clients=[m.clients.name(c) for c in range(len(m.clients))],
         group_names=list(m.group_names), segments=list(s.info),
-        segment_readable=s.readable[:len(s.info)].copy(),
+        segment_readable=s.readable[:len(s.info)].copy(), segment_unit_bits=s.unit_bits[:len(s.info)].copy(),
         replica_next_id=int(m.next_replica_id))
 
 
@@ -336,7 +337,8 @@ class FrozenRows:
             "kind": kind,
             "status": rep_status,
             "segment": _coded(seg_code, needs.dictionaries(f)["segment"]),
-            "offset": self._rep("replica_offset"),
+            "offset": byte_offsets(self._rep("replica_offset"), offset_shifts(kind, self._rep("replica_segment"),
+                                                                              f.segment_unit_bits)),
             "size": self.src_size,
             "readable": readable,
         })

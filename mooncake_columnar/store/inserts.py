@@ -45,7 +45,7 @@ class NewObjects:
     replica_segment: np.ndarray     # int32 segment code (a LOCAL_DISK replica: its owner client's)
     replica_kind: np.ndarray        # uint8
     replica_status: np.ndarray      # uint8
-    replica_offset: np.ndarray      # int64
+    replica_offset: np.ndarray      # int64 bytes
     replica_id: np.ndarray          # uint64
 
 
@@ -71,7 +71,7 @@ def insert_objects(m: MetadataStore, new: NewObjects, after_pass: Callable[[], N
         m.inflight.started(slots, new.put_start_ms[processing])
     _insert_keys(m, rows, new.key_offsets, new.key_data, after_pass)
     _link_groups(m, rows, new.group)
-    _place_replicas(o, rows, new, after_pass, fresh=sel if isinstance(sel, slice) else None)
+    _place_replicas(m, rows, new, after_pass, fresh=sel if isinstance(sel, slice) else None)
     return rows
 
 
@@ -86,7 +86,6 @@ def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
         o.high_water, o.live_count = lo + n, o.live_count + n
         rows = np.arange(lo, lo + n, dtype=np.int64)
         o.replica_refcnt[lo:lo + n] = 0  # the other columns are written by insert_objects
-        o.group_next[lo:lo + n] = rows
         return rows, slice(lo, lo + n)
     rows = o.take_rows(n)
     return rows, rows
@@ -128,13 +127,14 @@ def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
     for i, code in enumerate(codes.tolist()):  # one iteration per group
         members = rows[grouped[order[bounds[i]:bounds[i + 1]]]]
         m.group_of.add(members, code)
-        ok.link_group_members(members, code, m.group_head, o.group_next, o.flags)
+        ok.link_group_members(members, code, m.group_head, m.group_of.links(), o.flags)
 
 
-def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, after_pass: Callable[[], None], *,
+def _place_replicas(m: MetadataStore, rows: np.ndarray, new: NewObjects, after_pass: Callable[[], None], *,
                     fresh: slice | None) -> None:
     """Replica slot = rank of the replica within its object (``fresh``: the never-used rows'
     slice, the rows in order; None: rows taken by take_rows, cleared)."""
+    o = m.objects
     oi = new.replica_object
     if oi.size and (oi[1:] > oi[:-1]).all():
         slot = None  # the usual case: one replica per object, in object order
@@ -157,9 +157,11 @@ def _place_replicas(o: ObjectTable, rows: np.ndarray, new: NewObjects, after_pas
         target = (rows[oi], 0 if slot is None else slot)
         if slot is not None and int(slot.max(initial=0)) >= o.slots:
             target = _chained_target(o, rows, oi, slot)
-    for name in ("replica_segment", "replica_kind", "replica_status", "replica_offset", "replica_id"):
+    for name in ("replica_segment", "replica_kind", "replica_status", "replica_id"):
         getattr(o, name)[target] = getattr(new, name)
         after_pass()
+    o.replica_offset[target] = m.segments.column_offsets(new.replica_offset, new.replica_kind, new.replica_segment)
+    after_pass()
 
 
 def _chained_target(o: ObjectTable, rows: np.ndarray, oi: np.ndarray,

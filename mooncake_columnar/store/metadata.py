@@ -160,7 +160,7 @@ class MetadataStore:
         order = np.argsort(extra[0], kind="stable")
         rows, slots = o.extra_slots(owners, counts)
         o.replica_segment[rows, slots] = extra[1, order]
-        o.replica_offset[rows, slots] = extra[2, order]
+        o.replica_offset[rows, slots] = extra[2, order] >> self.segments.unit_bits[extra[1, order]]  # memory: units
         o.replica_id[rows, slots] = extra[3, order].astype(np.uint64)
         o.replica_status[rows, slots] = int(ST_PROCESSING)
         o.replica_kind[rows, slots] = int(ReplicaKind.MEMORY)
@@ -183,7 +183,8 @@ class MetadataStore:
         """Clear replica slots and free their memory extents in one merged pass; returns bytes."""
         o, seg = self.objects, self.segments
         segs, offs, lens, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes, o.replica_status,
-                                                   o.replica_kind, o.replica_segment, o.replica_offset)
+                                                   o.replica_kind, o.replica_segment, o.replica_offset,
+                                                   seg.unit_bits)
         ak.free_extent_list(segs, offs, lens, seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used,
                             seg.unit_bits, seg.capacity)
         return int(dropped)
@@ -219,7 +220,7 @@ class MetadataStore:
             chain = o.chains(rows).rows
             r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
             self.clear_slots(chain[r_idx], slot)
-        ok.unlink_group_members(rows, self.group_head, o.group_next, self.group_of.parts(), o.flags)
+        ok.unlink_group_members(rows, self.group_head, self.group_of.parts(), self.group_of.links(), o.flags)
         for table in (self.group_of, self.inflight, self.soft_pins):
             table.release_rows(rows)
         self.keys.remove(rows)
@@ -283,7 +284,9 @@ class MetadataStore:
         st = o.replica_status[chains.rows]
         r_idx, slot = np.nonzero((st == int(ST_PROCESSING)) & (o.replica_kind[chains.rows] == int(KIND_MEMORY)))
         held = chains.rows[r_idx]  # the object's row or a continuation row (which carries the size)
-        self.discarded.add(o.replica_segment[held, slot], o.replica_offset[held, slot], o.size_bytes[held],
+        seg = o.replica_segment[held, slot]
+        self.discarded.add(seg, self.segments.byte_offsets(o.replica_offset[held, slot], KIND_MEMORY, seg),
+                           o.size_bytes[held],
                            o.put_start_ms(rows[chains.owner[r_idx]]) + release_after_ms)
         o.replica_status[held, slot] = int(ReplicaStatus.UNDEFINED)  # not freed by the erase below
         self.erase_rows(rows, charged=False)

@@ -17,6 +17,7 @@ import numpy as np
 from ..kernels import chains as ck
 from ..kernels.predicates import memory_replica_on_mask
 from .growth import ColumnGrowth, GrowthJob, run_job
+from .rare_fields import ContinuationOwnerTable
 from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, OBJECT_COLUMNS, PUT_START_NONE,
                       REPLICA_COLUMNS)
 
@@ -62,7 +63,6 @@ class ObjectTable:
     key_ref: np.ndarray
     tenant: np.ndarray
     client: np.ndarray
-    group_next: np.ndarray
     put_start_rel: np.ndarray
     flags: np.ndarray
     data_type: np.ndarray
@@ -88,6 +88,7 @@ class ObjectTable:
         self.live_count = 0
         self.replica_more = _NO_CHAINS           # per row: next row of its replica chain, -1; see chains.py
         self.cont_count = 0                      # continuation rows in use
+        self.continuation_owner = ContinuationOwnerTable()  # continuation row -> its object row
         self.put_start_base_ms: int | None = None  # see set_put_start
         # upstream's optional object checksum, sparse: the (sorted) rows that have one
         self.checksum_rows = np.empty(0, np.int64)
@@ -145,7 +146,6 @@ class ObjectTable:
             getattr(self, name)[at] = _OBJECT_FILL.get(name, 0)
         for name in REPLICA_COLUMNS:
             getattr(self, name)[at] = _REPLICA_FILL.get(name, 0)
-        self.group_next[at] = at
         if self.replica_more.size:
             self.replica_more[at] = -1
 
@@ -162,7 +162,7 @@ class ObjectTable:
             self.replica_more[chains.rows] = -1
             if chains.rows.size > rows.size:
                 conts = chains.rows[chains.rows != rows[chains.owner]]
-                self.group_next[conts] = conts
+                self.continuation_owner.release_rows(conts)
                 self.cont_count -= conts.size
                 rows = np.concatenate((rows, conts))
         if self.checksum_rows.size:  # a recycled row starts without a checksum
@@ -189,8 +189,11 @@ class ObjectTable:
         return Chains(owner, chain, rows.size)
 
     def owners(self, rows: np.ndarray) -> np.ndarray:
-        """The object row of each row (a continuation row names its object in group_next)."""
-        return np.where(self.flags[rows] & FLAG_LIVE, rows, self.group_next[rows])
+        """The object row of each row (a continuation row's from :attr:`continuation_owner`)."""
+        if not self.cont_count:
+            return rows
+        owner = self.continuation_owner.get(rows)
+        return np.where(owner >= 0, owner, rows)
 
     def add_continuations(self, owners: np.ndarray) -> np.ndarray:
         """One new, empty continuation row per entry of ``owners`` (object rows, repeats
@@ -203,7 +206,7 @@ class ObjectTable:
         self.cont_count += rows.size
         if not self.replica_more.size:
             self.replica_more = np.full(self.capacity, -1, np.int32)
-        self.group_next[rows] = owners
+        self.continuation_owner.add(rows, owners)
         self.size_bytes[rows] = self.size_bytes[owners]
         ck.link_continuations(owners, rows, self.replica_more)
         return rows
@@ -306,6 +309,7 @@ class ObjectTable:
         out = {name: dt.itemsize * hw for name, dt in OBJECT_COLUMNS.items()}
         out.update({name: dt.itemsize * hw * self.slots for name, dt in REPLICA_COLUMNS.items()})
         out["replica_more"] = self.replica_more.itemsize * hw if self.replica_more.size else 0
+        out["continuation_owner"] = self.continuation_owner.resident_bytes()
         out["free_rows"] = self.free_rows.nbytes
         out["checksums"] = self.checksum_rows.nbytes + self.checksum_values.nbytes
         return out

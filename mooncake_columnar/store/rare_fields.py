@@ -6,7 +6,11 @@ SOFT_PIN_ENABLED or awaits its ENABLE commit (PENDING_SOFT_PIN), and when it was
 deadline; every other object's deadline is NO_DEADLINE. Kernels read it through
 ``predicates.soft_pin_active`` with the table's ``parts()``.
 
-GroupTable: the group code of a grouped object (was a 4-byte column); -1 for the others.
+GroupTable: the group code of a grouped object (was a 4-byte column); -1 for the others. Its
+``next`` column links the members of each group into a circular list (was the 4-byte
+``group_next`` column): kernels walk a group through ``slot_index.slot_value(links(), row, ...)``.
+
+ContinuationOwnerTable: the object row a continuation row (kernels/chains.py) belongs to.
 """
 from __future__ import annotations
 
@@ -25,4 +29,14 @@ class SoftPinTable(RowValueTable):
 
 
 class GroupTable(RowValueTable):
-    VALUES: ClassVar[dict[str, tuple[np.dtype, int]]] = {"value": (np.dtype(np.int32), EMPTY_CODE)}
+    VALUES: ClassVar[dict[str, tuple[np.dtype, int]]] = {"value": (np.dtype(np.int32), EMPTY_CODE),
+                                                         "next": (np.dtype(np.int32), -1)}
+    next: np.ndarray  # per slot: the next member row of its row's group (itself when alone)
+
+    def links(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(index, owner rows, next member rows): what kernels take to walk a group."""
+        return self.index, self.row, self.next
+
+
+class ContinuationOwnerTable(RowValueTable):
+    VALUES: ClassVar[dict[str, tuple[np.dtype, int]]] = {"value": (np.dtype(np.int32), -1)}

@@ -4,7 +4,7 @@ kernels/reads.read_one takes the columns as one object (kernels/read_columns.py)
 the arrays the store holds at that moment. The store replaces arrays when it grows (columns,
 replica slots and chains, key table, arena, segment table) or compacts the arena; a read
 through an object built before would see the old arrays. So every read first checks that each
-array is still the one the object holds (15 identity tests: a tenth of the read) and builds a
+array is still the one the object holds (14 identity tests: a tenth of the read) and builds a
 new object when one is not: no path that replaces an array has to remember to say so.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ class SingleKeyReader:
         """The arrays read_one reads now, in kernels/read_columns.FIELDS order."""
         s = self._store
         o, k = s.objects, s.keys
-        return (k.table, k.arena, o.key_ref, o.tenant, o.flags, o.lease_deadline_ns, o.group_next, o.replica_status,
+        return (k.table, k.arena, o.key_ref, o.tenant, o.flags, o.lease_deadline_ns, o.replica_status,
                 o.replica_kind, o.replica_segment, s.segments.readable, o.replica_more, o.replica_id,
                 o.replica_offset, o.size_bytes)
 
@@ -51,11 +51,11 @@ class SingleKeyReader:
         # current(), inlined and unrolled (a third of the time, and this runs on every read)
         s = self._store
         o, k = s.objects, s.keys
-        table, arena, key_ref, tenants, flags, lease, group_next, status, kind, seg, readable, more, rid, offset, \
-            size = self._built_from
+        table, arena, key_ref, tenants, flags, lease, status, kind, seg, readable, more, rid, offset, size = \
+            self._built_from
         if not (k.table is table and k.arena is arena and o.key_ref is key_ref and o.tenant is tenants
-                and o.flags is flags and o.lease_deadline_ns is lease and o.group_next is group_next
-                and o.replica_status is status and o.replica_kind is kind and o.replica_segment is seg
+                and o.flags is flags and o.lease_deadline_ns is lease and o.replica_status is status
+                and o.replica_kind is kind and o.replica_segment is seg
                 and s.segments.readable is readable and o.replica_more is more and o.replica_id is rid
                 and o.replica_offset is offset and o.size_bytes is size):
             self._rebuild()

@@ -37,9 +37,10 @@ def free_space(o: ObjectTable, segments: SegmentTable, bits: np.ndarray, matched
     segment and the extents when two overlap, share an allocation unit or one lies outside it."""
     capacity, unit_bits = segments.capacity[:on_segment.size], segments.unit_bits[:on_segment.size]
     columns = (o.size_bytes, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset, o.replica_more)
-    status, fault, *space = rk.free_extents(bits, on_segment, capacity, unit_bits, *columns)
+    # replica_offset holds a memory replica's offset in its segment's units: shifted by unit_bits
+    status, fault, *space = rk.free_extents(bits, on_segment, capacity, unit_bits, unit_bits, *columns)
     if status == rk.UNSORTED:  # rows not in offset order: gather, sort, stream again
-        seg, off, size = rk.gather_extents(bits, matched, on_segment, *columns)
+        seg, off, size = rk.gather_extents(bits, matched, on_segment, unit_bits, *columns)
         status, fault, *space = rk.free_extents_sorted(seg, off, size, on_segment, capacity, unit_bits)
     if status != rk.OK:
         raise SegmentExtentsCorrupt(segments.mounted(int(fault[0])).name,

@@ -21,6 +21,7 @@ from ..errors import EngineInvariantError, InvalidParams, NameLimitExceeded, Seg
 from ..kernels import allocation as ak
 from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
+from ..kernels.predicates import memory_on_segment_mask
 from ..schema import MAX_CODES, SEGMENTS_ARROW_SCHEMA
 from .upstream_ids import new_upstream_uuid
 
@@ -147,6 +148,15 @@ class SegmentTable:
         self.capacity[code] = 0
         self.unit_bits[code] = 0
 
+    def byte_offsets(self, column: np.ndarray, kind: np.ndarray | np.uint8, seg: np.ndarray) -> np.ndarray:
+        """The byte offsets (int64) of replica slots whose ``replica_offset`` values are ``column``."""
+        return byte_offsets(column, offset_shifts(kind, seg, self.unit_bits))
+
+    def column_offsets(self, offsets: np.ndarray, kind: np.ndarray, seg: np.ndarray) -> np.ndarray:
+        """``replica_offset`` values of replicas at byte ``offsets``: a memory replica's on a unit
+        boundary of its mounted segment, another kind's below 2**32 (snapshots.state checks both)."""
+        return (np.asarray(offsets, np.int64) >> offset_shifts(kind, seg, self.unit_bits)).astype(np.uint32)
+
     def free(self, code: int, offset: int, size: int) -> None:
         """Free the extent held by a replica at ``offset`` of ``size`` bytes."""
         if not ak.free_extent(self.extent_starts, self.extent_lengths, self.extent_counts, self.used,
@@ -182,6 +192,18 @@ class SegmentTable:
             grown[:cap] = old
             setattr(self, name, grown)
         ak.grow_extent_lists(self.extent_starts, self.extent_lengths, new_cap - cap)
+
+
+def offset_shifts(kind: np.ndarray | np.uint8, seg: np.ndarray, unit_bits: np.ndarray) -> np.ndarray:
+    """Per replica slot (its kind and segment column values): the bits its ``replica_offset`` is
+    shifted by, as :func:`..kernels.allocation.offset_shift` says (memory: the segment's units)."""
+    memory = memory_on_segment_mask(np.asarray(kind), seg)
+    return np.where(memory, unit_bits[np.where(memory, seg, 0)], 0)
+
+
+def byte_offsets(column: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """Byte offsets (int64) of ``replica_offset`` column values shifted by ``shifts``."""
+    return column.astype(np.int64) << shifts
 
 
 def segments_table(infos: Sequence[Segment], used: np.ndarray, readable: np.ndarray) -> pa.Table:

@@ -232,21 +232,34 @@ def test_remount_rebuilds_the_live_allocator_of_a_big_segment(in_offset_order: b
     assert _put(p, "after", 3) == _put(m, "after", 3)
 
 
+def test_a_memory_replica_offset_column_counts_units_and_every_view_gives_bytes() -> None:
+    """The slot column holds offset >> unit_bits (4 bytes a slot); reads and snapshots give bytes."""
+    m = _master(BIG)
+    assert (_put(m, "a", 1001), _put(m, "b", 1000)) == (0, 1008)
+    o = m.objects
+    assert o.replica_offset.dtype == np.uint32
+    assert sorted(int(v) for v in o.replica_offset[o.live_rows(), 0]) == [0, 1008 >> 3]
+    assert sorted(m.export_state().replicas.column("offset").to_pylist()) == [0, 1008]
+    addresses = m.batch_get_replica_list(["a", "b"]).replicas.column("address").to_pylist()
+    assert addresses == [BASE, BASE + 1008]
+
+
 @pytest.mark.parametrize("in_offset_order", [True, False])
-def test_remount_refuses_extents_sharing_an_allocation_unit(in_offset_order: bool) -> None:
-    """A byte-packed (legacy) layout: two replicas disjoint in bytes but in one 8-byte unit. No
-    allocator can hold it, so the remount fails and changes nothing (no clamping)."""
+def test_remount_refuses_an_offset_column_one_unit_into_the_previous_extent(in_offset_order: bool) -> None:
+    """A memory replica's offset column counts its segment's units (8 bytes here), so a layout
+    sharing a unit cannot be written there; a corrupted value one unit back overlaps the previous
+    extent in bytes: the remount fails and changes nothing (no clamping)."""
     m = _master(BIG)
     _put(m, "a", 1001)   # [0, 1001), holds [0, 1008)
-    _put(m, "b", 1000)   # [1008, 2008)
+    _put(m, "b", 1000)   # [1008, 2008): unit 126
     _put(m, "c", 8)
     state = m.export_state()
     p = _promoted(m, state if in_offset_order else _reversed_rows(state))
     o = p.objects
-    row = next(r for r in o.live_rows() if int(o.replica_offset[r, 0]) == 1008)
-    o.replica_offset[row, 0] = 1001  # [1001, 2001): shares the unit [1000, 1008) with "a"
+    row = next(r for r in o.live_rows() if int(o.replica_offset[r, 0]) == 1008 >> 3)
+    o.replica_offset[row, 0] = 1000 >> 3  # [1000, 2000): overlaps "a"
     before = _free_list(p), int(p.segments.used[0])
-    with pytest.raises(ValueError, match="share an allocation unit of 8 bytes"):
+    with pytest.raises(ValueError, match="overlap"):
         _remount(p)
     assert (_free_list(p), int(p.segments.used[0])) == before and not p.segments.readable[0]
 

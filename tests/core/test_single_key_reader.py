@@ -22,7 +22,7 @@ TTL_MS = 1_000
 # where the store holds each field of the columns object (kernels/read_columns.FIELDS order)
 HOLDERS = {"table": ("keys", "table"), "arena": ("keys", "arena"), "key_refs": ("objects", "key_ref"),
            "row_tenant": ("objects", "tenant"), "flags": ("objects", "flags"),
-           "lease": ("objects", "lease_deadline_ns"), "group_next": ("objects", "group_next"),
+           "lease": ("objects", "lease_deadline_ns"),
            "rep_status": ("objects", "replica_status"), "rep_kind": ("objects", "replica_kind"),
            "rep_seg": ("objects", "replica_segment"), "seg_readable": ("segments", "readable"),
            "more": ("objects", "replica_more"), "rep_id": ("objects", "replica_id"),

@@ -179,10 +179,11 @@ def _free_not_coalesced(m: MasterService) -> None:
                         int(s.used[0]))
 
 
-def _misaligned(m: MasterService) -> None:
+def _one_unit_on(m: MasterService) -> None:
     _mount(m, "big", 8 << 30, 1)  # past 3.75 GiB: allocation units of more than one byte
     assert m.segments.unit_bits[m.segments.code("big")] > 0
     _put(m, "on-big", 5000, preferred_segments=("big",))
+    # the offset column counts units (never misaligned): one more moves the extent into free space
     m.objects.replica_offset[_row(m, "on-big"), 0] += 1
 
 
@@ -247,7 +248,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[MasterService], None], str]] = {
                                      "replica_segment"),
     "replica_past_capacity": (lambda m: m.objects.replica_offset.__setitem__((_row(m, "k8"), 0), 64 * MB - 999),
                               "replica_extent"),
-    "replica_misaligned": (_misaligned, "replica_alignment"),
+    "replica_offset_one_unit_on": (_one_unit_on, "free_overlap"),
     "discarded_on_unmounted_segment": (lambda m: (_discarded_overlap(m), m.store.discarded.seg.__setitem__(0, 9)),
                                        "replica_segment"),
     "free_list_not_coalesced": (_free_not_coalesced, "free_list"),
@@ -278,9 +279,8 @@ CORRUPTIONS: dict[str, tuple[Callable[[MasterService], None], str]] = {
                                "soft_pin_claim"),
     "inflight_free_stack": (lambda m: m.inflight.in_use.__setitem__(int(m.inflight.free_slots[0]), True),
                             "inflight_slots"),
-    "group_link_broken": (lambda m: m.objects.group_next.__setitem__(_row(m, "g0"), _row(m, "g0")), "group_link"),
-    "group_link_to_ungrouped": (lambda m: m.objects.group_next.__setitem__(_row(m, "g0"), _row(m, "k0")),
-                                "group_member"),
+    "group_link_broken": (lambda m: _set_next(m, _row(m, "g0"), _row(m, "g0")), "group_link"),
+    "group_link_to_ungrouped": (lambda m: _set_next(m, _row(m, "g0"), _row(m, "k0")), "group_member"),
     "group_code_lost": (lambda m: m.store.group_of.release(m.store.group_of.slots_of(np.array([_row(m, "g1")]))),
                         "group_member"),
     "group_code_on_ungrouped_row": (lambda m: m.store.group_of.add(np.array([_row(m, "k0")]), 0), "group_member"),
@@ -293,12 +293,24 @@ CORRUPTIONS: dict[str, tuple[Callable[[MasterService], None], str]] = {
 }
 
 
+def _next_member(m: MasterService, row: int) -> int:
+    t = m.store.group_of
+    return int(t.next[t.slots_of(np.array([row]))[0]])
+
+
+def _set_next(m: MasterService, row: int, member: int) -> None:
+    """Corrupt ``row``'s link in its group's member list (the group table's ``next``)."""
+    t = m.store.group_of
+    t.next[t.slots_of(np.array([row]))[0]] = member
+
+
 def _split_group(m: MasterService) -> None:
     """Cut g0 out of its circular list into a circle of its own: every member still has one
     predecessor and one successor in its group, but the group is two lists."""
-    nxt, g0 = m.objects.group_next, _row(m, "g0")
-    pred = next(r for r in (_row(m, f"g{i}") for i in range(3)) if int(nxt[r]) == g0)
-    nxt[pred], nxt[g0] = nxt[g0], g0
+    g0 = _row(m, "g0")
+    pred = next(r for r in (_row(m, f"g{i}") for i in range(3)) if _next_member(m, r) == g0)
+    _set_next(m, pred, _next_member(m, g0))
+    _set_next(m, g0, g0)
 
 
 @pytest.mark.parametrize("name", sorted(CORRUPTIONS))

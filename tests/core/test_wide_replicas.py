@@ -227,7 +227,8 @@ def _chain(m: MasterService) -> tuple[int, np.ndarray]:
 
 @pytest.mark.parametrize("corrupt, check", [
     (lambda o, head, conts: o.replica_more.__setitem__(conts[-1], head), "replica_chain"),      # a cycle
-    (lambda o, head, conts: o.group_next.__setitem__(conts[0], conts[0]), "replica_chain"),     # orphaned
+    (lambda o, head, conts: o.continuation_owner.value.__setitem__(                            # orphaned
+        o.continuation_owner.slots_of(conts[:1])[0], conts[0]), "replica_chain"),
     (lambda o, head, conts: o.size_bytes.__setitem__(conts[1], 1), "replica_chain"),            # wrong size
     (lambda o, head, conts: setattr(o, "cont_count", o.cont_count - 1), "replica_chain"),
     (lambda o, head, conts: o.replica_more.__setitem__(head, -1), "replica_chain"),             # cut loose

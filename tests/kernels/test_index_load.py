@@ -153,7 +153,7 @@ def test_allocator_rebuild_in_offset_order_matches_the_sorted_one() -> None:
         else:
             z[first] = 0
         rows = np.ones((n, 1), np.uint8)
-        status = rebuild.free_extents(rebuild.all_rows(n), on, capacity, unit_bits, z, rows, rows * 0,
+        status = rebuild.free_extents(rebuild.all_rows(n), on, capacity, unit_bits, unit_bits * 0, z, rows, rows * 0,
                                       seg.astype(np.int32).reshape(n, 1), o.reshape(n, 1), np.empty(0, np.int32))[0]
         assert status == expect, bad
 

@@ -63,7 +63,7 @@ def test_phase1_group_eviction_skips_unreadable_members(clocks):
     group_rows = np.sort(m.store.group_of.held()[0])
     taken = np.zeros(o.high_water, np.uint8)
     n, _ = ek.plan(group_rows, 10, 2**62, clocks.steady_ns(), True, taken, o.flags, o.lease_deadline_ns,
-                   m.store.soft_pins.parts(), o.group_next, o.size_bytes, o.replica_status, o.replica_kind,
+                   m.store.soft_pins.parts(), m.store.group_of.links(), o.size_bytes, o.replica_status, o.replica_kind,
                    o.replica_segment, o.replica_refcnt, m.segments.readable, o.replica_more)
     assert n == 0
 

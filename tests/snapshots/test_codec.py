@@ -21,6 +21,7 @@ from mooncake_columnar.schema import (
     NO_DEADLINE,
     OBJECTS_ARROW_SCHEMA,
     SEGMENTS_ARROW_SCHEMA,
+    ReplicaKind,
     ReplicaStatus,
 )
 from mooncake_columnar.snapshots.arrow_codec import (
@@ -101,6 +102,22 @@ def test_validate_integrity_errors(case: str) -> None:
         s = dataclasses.replace(s, replicas=_set(reps, "offset", [-1] + [0] * 11))
     with pytest.raises(SnapshotIntegrityError):
         s.validate()
+
+
+@pytest.mark.parametrize("offset, valid", [((1 << 32) - 1, True), (1 << 32, False)])
+def test_a_replica_not_in_memory_has_an_offset_below_2_to_the_32(offset: int, valid: bool) -> None:
+    """The engine keeps a non-memory replica's offset in bytes in a 32-bit column: a snapshot
+    with a larger one is refused as a field error, never truncated."""
+    s = make_state(6, replicas_per_object=2)
+    kind = s.replicas.column("kind").to_numpy().copy()
+    off = s.replicas.column("offset").to_numpy().copy()
+    kind[0], off[0] = ReplicaKind.LOCAL_DISK, offset
+    s = dataclasses.replace(s, replicas=_set(_set(s.replicas, "kind", kind), "offset", off))
+    if valid:
+        s.validate()
+    else:
+        with pytest.raises(SnapshotIntegrityError, match="2\\*\\*32"):
+            s.validate()
 
 
 def test_removed_replica_does_not_hold_its_extent() -> None:
