@@ -13,7 +13,7 @@ see kernels/leases.grant_read_lease for what the other shapes cost.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, set_parallel_chunksize
 
 from ..errors import ErrorCode
 from ..schema import KIND_MEMORY
@@ -98,9 +98,10 @@ def _readable_count(b, m, rows, rep_status, rep_kind, rep_seg, seg_readable, mor
     return count
 
 
-_SPANS = 64  # the batch's blocks are split into this many spans of consecutive blocks, the units
-             # that the parallel variant's threads share out (a few per thread: a thread that the
-             # busy host deschedules for a while holds up less)
+_SPANS = 64  # the batch's blocks are split into this many spans of consecutive blocks, which the
+             # parallel variant's threads take one at a time (``set_parallel_chunksize(1)``): with the
+             # default static split into one share per thread, a thread that the busy host
+             # deschedules holds up the whole call (2 threads were slower than 1 on a loaded host)
 
 
 @njit(cache=True)
@@ -202,7 +203,11 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
     (:mod:`.dispatch`)."""
     if offsets.shape[0] <= BATCH_MIN:
         return _read_batch(table, arena, key_refs, row_tenant, offsets, *args)
-    return _read_batch_parallel(table, arena, key_refs, row_tenant, offsets, *args)
+    previous = set_parallel_chunksize(1)  # spans one at a time (see _SPANS); this thread's setting
+    try:
+        return _read_batch_parallel(table, arena, key_refs, row_tenant, offsets, *args)
+    finally:
+        set_parallel_chunksize(previous)
 
 
 @njit(cache=True)

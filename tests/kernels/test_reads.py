@@ -61,7 +61,7 @@ def test_parallel_batch_read_answers_and_grants_exactly_as_the_serial_one():
             batch = pa.array(names[rng.integers(0, names.size, size)].tolist(), pa.large_string())
             for want_replicas in (False, True):
                 serial = _run(rk._read_batch, m, batch, want_replicas)
-                parallel = _run(rk._read_batch_parallel, m, batch, want_replicas)
+                parallel = _run(rk.read_batch, m, batch, want_replicas)  # batches: the parallel variant
                 codes, columns, lease, flags = serial
                 assert {rk.OK, rk.NOT_FOUND, rk.NOT_READY} <= set(np.unique(codes).tolist())
                 assert (lease != m.objects.lease_deadline_ns).any()  # leases were granted
