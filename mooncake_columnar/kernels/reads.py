@@ -1,10 +1,12 @@
 """Read kernels (get_replica_list, exist_key and their batches): lookup, readability, the read
 lease, and the readable replicas' descriptors.
 
-The batch pass is staged by blocks of keys so that their cache misses overlap instead of
+The batch kernel is staged by blocks of keys so that their cache misses overlap instead of
 following one another (hashing.locate_block: hashes, home slots, candidate rows, key bytes);
 the candidates' own columns are prefetched too, speculatively, before any key is verified; only
-then is each key verified and classified, its data by now in cache.
+then is each key verified and classified, its data by now in cache. Batches run its parallel
+variant, which is also the faster one on a single thread (1.6-2.2x the serial compile of the same
+function on 1M keys, measured with one thread).
 
 Per-key helpers here are inlined and loop-free where they receive arrays, and the rare calls
 (an index probe past a foreign tag, a group's lease walk) are made from the kernel body:
