@@ -72,23 +72,20 @@ def _prefetch_rows(m, cand, flags, lease, rep_status, rep_kind, rep_seg):
 
 
 @njit(inline="always", cache=True)
-def _prefetch_descriptors(b, m, rows, size_bytes, rep_status, rep_kind, rep_seg, rep_id, rep_offset):
-    """Prefetch the columns that the descriptors of keys b..b+m read (``rows``: the batch's
-    rows, -1 where a key is not OK)."""
-    for i in range(b, b + m):
-        r = rows[i]
+def _prefetch_descriptors(m, cand, size_bytes, rep_id, rep_offset):
+    """Prefetch the candidate rows' columns that the descriptors read."""
+    for t in range(m):
+        r = cand[t]
         if r >= 0:
             prefetch(size_bytes, r)
-            prefetch(rep_status, (r, 0))
-            prefetch(rep_kind, (r, 0))
-            prefetch(rep_seg, (r, 0))
             prefetch(rep_id, (r, 0))
             prefetch(rep_offset, (r, 0))
 
 
 @njit(inline="always", cache=True)
 def _readable_count(b, m, rows, rep_status, rep_kind, rep_seg, seg_readable, more):
-    """Readable replicas of the OK keys b..b+m (``rows``: as in :func:`_prefetch_descriptors`)."""
+    """Readable replicas of the OK keys b..b+m (``rows``: the batch's rows, -1 where a key is
+    not OK)."""
     count = 0
     for i in range(b, b + m):
         rr = rows[i]
@@ -178,7 +175,8 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
         for blk in range(c * per_span, min(blocks, (c + 1) * per_span)):
             b = blk * _BLOCK
             m = min(_BLOCK, n - b)
-            _prefetch_descriptors(b, m, rows, size_bytes, rep_status, rep_kind, rep_seg, rep_id, rep_offset)
+            _prefetch_rows(m, rows[b:], flags, lease, rep_status, rep_kind, rep_seg)
+            _prefetch_descriptors(m, rows[b:], size_bytes, rep_id, rep_offset)
             for i in range(b, b + m):
                 rr = rows[i]
                 while rr >= 0:
