@@ -183,8 +183,8 @@ def _segment_lists(store: MetadataStore) -> tuple[list[str], list[str], np.ndarr
 def read_batch(store: MetadataStore, offsets: np.ndarray, data: np.ndarray, tenant: int, now: int, ttl_ns: int,
                *, want_replicas: bool) -> tuple[np.ndarray, "ReplicaColumns | None"]:
     """Read codes of a batch of keys of tenant code ``tenant`` (the read leases granted), and
-    with ``want_replicas`` the readable replicas' descriptor columns (one kernel pass,
-    kernels/reads.py); the caller holds the master lock."""
+    with ``want_replicas`` the readable replicas' descriptor columns (one kernel call,
+    kernels/reads.read_batch); the caller holds the master lock."""
     o, k = store.objects, store.keys
     n = offsets.size - 1
     codes = np.empty(n, np.int32)

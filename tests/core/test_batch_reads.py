@@ -1,4 +1,4 @@
-"""Batch reads (kernels/reads.read_batch, one staged pass per chunk) answer every key as the
+"""Batch reads (kernels/reads.read_batch, one kernel call per chunk) answer every key as the
 single-key calls do: codes, descriptors in key order, and the read leases granted."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _master(clocks: ManualClocks, n: int) -> tuple[MasterService, list[str]]:
     return m, keys
 
 
-@pytest.mark.parametrize("n", [50, BATCH_MIN + 500])  # the GIL-holding and the nogil variant
+@pytest.mark.parametrize("n", [50, BATCH_MIN + 500])  # the serial and the parallel variant
 def test_batch_reads_answer_each_key_as_single_reads(n: int) -> None:
     clocks = ManualClocks()
     m, keys = _master(clocks, n)
