@@ -82,8 +82,8 @@ class SegmentInfo:
 class BatchResult:
     """Per-key int32 error codes (0 = OK) and, where the call returns replicas, a flat table.
 
-    ``replicas`` columns: key_index (position in the request), replica_id, segment, endpoint,
-    address, size.
+    ``replicas`` columns: key_index (position in the request), replica_id, segment, endpoint
+    (both dictionary-encoded strings), address, size.
     """
 
     codes: np.ndarray

@@ -2,12 +2,16 @@
 single-key calls do: codes, descriptors in key order, and the read leases granted."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
 from mooncake_columnar.errors import MooncakeError
 from mooncake_columnar.kernels.dispatch import BATCH_MIN
+from mooncake_columnar.policies import views
 from mooncake_columnar.testing.builders import MB
 
 TTL_MS = 1_000
@@ -49,3 +53,31 @@ def test_batch_reads_answer_each_key_as_single_reads(n: int) -> None:
             == [(r.replica_id, r.segment, r.address, r.size) for r in want]
     # the single reads came at the same clock reading: they granted nothing the batch had not
     np.testing.assert_array_equal(m.objects.lease_deadline_ns, leases)
+
+
+def test_batch_get_names_segments_once_per_batch_even_when_a_mount_lands_between_chunks() -> None:
+    """The replica table's segment and endpoint columns are dictionary-encoded over the
+    segments' names (no string per replica); a segment mounted between two chunks of one batch
+    still names every replica right."""
+    clocks = ManualClocks()
+    m, keys = _master(clocks, 3000)
+    first = m.batch_get_replica_list(keys)
+    for name in ("segment", "endpoint"):
+        assert pa.types.is_dictionary(first.replicas.schema.field(name).type)
+    assert set(first.replicas.column("segment").to_pylist()) == {"seg0", "seg1", "seg2"}
+    # two chunks' columns, a segment mounted in between (its code shifts nothing: codes index
+    # the names of their own chunk)
+    m.mount_segment("seg3", endpoint="10.0.3.1:1", client_id="c0", base=5 << 32, size=512 * MB)
+    m.batch_put_start(["late"], [4096], client_id="c0")
+    m.batch_put_end(["late"], client_id="c0")
+    store, lease = m.store, m.lease_ttl_ns
+    offsets = np.array([0, 5, 9], np.int32)
+    data = np.frombuffer(b"key-1late", np.uint8)
+    before = views.read_batch(store, offsets[:2], np.frombuffer(b"key-1", np.uint8), 0, clocks.steady_ns(), lease,
+                              want_replicas=True)[1]
+    after = views.read_batch(store, offsets[1:] - 5, data[5:], 0, clocks.steady_ns(), lease, want_replicas=True)[1]
+    before = dataclasses.replace(before, names=before.names[:3] + [""], endpoints=before.endpoints[:3] + [""])
+    table = views.replica_table([(0, before), (1, after)])
+    want = [(r.segment, r.endpoint) for k in ("key-1", "late") for r in m.get_replica_list(k)]
+    assert list(zip(table.column("segment").to_pylist(), table.column("endpoint").to_pylist())) == want
+    assert table.column("key_index").to_pylist() == [0] * (len(want) - 1) + [1]
