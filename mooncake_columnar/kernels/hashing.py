@@ -274,19 +274,26 @@ def locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenant
         hs[t] = h
         prefetch(table, home_slot(h, size))
     for t in range(m):
-        h = hs[t]
-        i = home_slot(h, size)
-        v = table[i]
-        while v != EMPTY_SLOT and not same_tag(v, h):
-            i = next_slot(i, size)
-            v = table[i]
-        cand[t] = -1 if v == EMPTY_SLOT else v & ROW_MASK
-        if v != EMPTY_SLOT:
+        cand[t] = candidate_row(table, hs[t])
+        if cand[t] >= 0:
             prefetch(key_refs, cand[t])
             prefetch(row_tenant, cand[t])
     for t in range(m):
         if cand[t] >= 0:
             prefetch(arena, ref_offset(key_refs[cand[t]]))
+
+
+@njit(inline="always", cache=True)
+def candidate_row(table, h):
+    """The row in the first slot of hash ``h``'s probe that holds its tag, or -1 if an empty slot
+    comes first (the key is absent): the key's row unless another key shares the tag."""
+    size = table.shape[0]
+    i = home_slot(h, size)
+    v = table[i]
+    while v != EMPTY_SLOT and not same_tag(v, h):
+        i = next_slot(i, size)
+        v = table[i]
+    return np.int64(-1) if v == EMPTY_SLOT else v & ROW_MASK
 
 
 PROBE_ON = -2  # verified_row: the candidate is another key with the same tag

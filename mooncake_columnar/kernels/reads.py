@@ -227,10 +227,13 @@ def read_one(cols, key, tenant, now, ttl_ns):
     flags, lease, more = cols.flags, cols.lease, cols.more
     n = len(key)
     h = hk.hash_key(key, 0, n, tenant)
-    r = hk.find_row(cols.table, cols.arena, cols.key_refs, cols.row_tenant, key, 0, n, tenant, h)
-    if r >= 0:  # the row's cache misses at once, not one after another as the reads below come to them
+    r = hk.candidate_row(cols.table, h)
+    if r >= 0:  # the likely row's cache misses at once, while its key is checked, not one after another
+        prefetch(cols.key_refs, r)
+        prefetch(cols.row_tenant, r)
         _prefetch_rows(1, (r,), flags, lease, rep_status, rep_kind, rep_seg)
         _prefetch_descriptors(1, (r,), cols.size_bytes, cols.rep_id, cols.rep_offset)
+    r = hk.find_row(cols.table, cols.arena, cols.key_refs, cols.row_tenant, key, 0, n, tenant, h)
     code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
     count = 0
     group = False

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ..kernels import arena as arena_k
 from ..kernels import hashing as hk
+from .array_epoch import ArrayEpoch
 from .growth import ArenaCompaction, ArenaGrowth, GrowthJob, TableRehash, run_job
 from .objects import ObjectTable
 
@@ -56,7 +57,7 @@ def string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets, data
 
 
-class KeyIndex:
+class KeyIndex(ArrayEpoch):
     def __init__(self, objects: ObjectTable, capacity: int = 1024) -> None:
         self.objects = objects
         self.table = np.full(table_size(capacity), hk.EMPTY_SLOT, np.int64)

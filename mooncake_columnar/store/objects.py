@@ -16,6 +16,7 @@ import numpy as np
 
 from ..kernels import chains as ck
 from ..kernels.predicates import memory_replica_on_mask
+from .array_epoch import ArrayEpoch
 from .growth import ColumnGrowth, GrowthJob, run_job
 from .rare_fields import ContinuationOwnerTable
 from ..schema import (EMPTY_CODE, FLAG_LIVE, HOT_REPLICA_SLOTS, NEVER_LEASED, OBJECT_COLUMNS, PUT_START_NONE,
@@ -55,7 +56,7 @@ class Chains:
         return np.bincount(self.owner, weights=per_row, minlength=self.n).astype(np.int64)
 
 
-class ObjectTable:
+class ObjectTable(ArrayEpoch):
     # the columns, set from OBJECT_COLUMNS / REPLICA_COLUMNS in __init__ (named here for type
     # checkers; a test holds the two lists equal)
     lease_deadline_ns: np.ndarray

@@ -3,9 +3,10 @@
 kernels/reads.read_one takes the columns as one object (kernels/read_columns.py), built from
 the arrays the store holds at that moment. The store replaces arrays when it grows (columns,
 replica slots and chains, key table, arena, segment table) or compacts the arena; a read
-through an object built before would see the old arrays. So every read first checks that each
-array is still the one the object holds (14 identity tests: a tenth of the read) and builds a
-new object when one is not: no path that replaces an array has to remember to say so.
+through an object built before would see the old arrays. So every read first checks that no
+array of the store's holders was replaced since the object was built (store/array_epoch.py: one
+integer comparison, where testing each of the 14 arrays was a tenth of the read) and builds a
+new object when one was: no path that replaces an array has to remember to say so.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 from ..kernels import reads as rk
 from ..kernels.dispatch import compiled
 from ..kernels.read_columns import FIELDS, read_columns
+from .array_epoch import ArrayEpoch
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore
@@ -31,6 +33,7 @@ class SingleKeyReader:
         self._store = store
         self._built_from: tuple[Any, ...] = (None,) * len(FIELDS)  # _columns' arrays, in FIELDS order
         self._columns: Any = None
+        self._epoch = -1  # ArrayEpoch.replaced when _columns was built (-1: never)
         self._kernel: Callable[..., tuple] = rk.read_one
 
     def sources(self) -> tuple[np.ndarray, ...]:
@@ -48,27 +51,24 @@ class SingleKeyReader:
     def read(self, key: bytes, tenant: int, now: int, ttl_ns: int) -> tuple:
         """read_one's answer for ``key`` (its UTF-8 bytes) of tenant code ``tenant``; the caller
         holds the master lock."""
-        # current(), inlined and unrolled (a third of the time, and this runs on every read)
-        s = self._store
-        o, k = s.objects, s.keys
-        table, arena, key_ref, tenants, flags, lease, status, kind, seg, readable, more, rid, offset, size = \
-            self._built_from
-        if not (k.table is table and k.arena is arena and o.key_ref is key_ref and o.tenant is tenants
-                and o.flags is flags and o.lease_deadline_ns is lease and o.replica_status is status
-                and o.replica_kind is kind and o.replica_segment is seg
-                and s.segments.readable is readable and o.replica_more is more and o.replica_id is rid
-                and o.replica_offset is offset and o.size_bytes is size):
-            self._rebuild()
+        if ArrayEpoch.replaced != self._epoch:  # some holder's array was replaced: maybe ours
+            self._refresh()
         return self._kernel(self._columns, key, tenant, now, ttl_ns)
 
     def release(self) -> None:
         """Drop the object when the store replaced one of its arrays (the old ones are freed
         now, not at the next read)."""
         if self._columns is not None and not self.current():
-            self._columns, self._built_from = None, (None,) * len(FIELDS)
+            self._columns, self._built_from, self._epoch = None, (None,) * len(FIELDS), -1
 
-    def _rebuild(self) -> None:
+    def _refresh(self) -> None:
+        epoch = ArrayEpoch.replaced  # first: a replacement from here on makes the next read look again
         sources = self.sources()
+        if self._columns is None or not all(map(is_, sources, self._built_from)):  # else another holder's
+            self._rebuild(sources)
+        self._epoch = epoch
+
+    def _rebuild(self, sources: tuple[np.ndarray, ...]) -> None:
         columns = read_columns(*sources)
         # the machine code for exactly this object's type (its arrays' dtypes and layouts), called
         # without the dispatcher's per-call typing of the object (dispatch.compiled)

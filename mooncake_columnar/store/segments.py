@@ -23,6 +23,7 @@ from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..kernels.predicates import memory_on_segment_mask
 from ..schema import MAX_CODES, SEGMENTS_ARROW_SCHEMA
+from .array_epoch import ArrayEpoch
 from .upstream_ids import new_upstream_uuid
 
 
@@ -44,7 +45,7 @@ class Segment:
                 and other.segment_id in ("", self.segment_id) and other.host_id in ("", self.host_id))
 
 
-class SegmentTable:
+class SegmentTable(ArrayEpoch):
     def __init__(self, capacity: int = 16) -> None:
         self.info: list[Segment | None] = []
         self.by_name: dict[str, int] = {}

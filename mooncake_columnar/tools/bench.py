@@ -255,6 +255,35 @@ def index_lookup_seconds(m: MasterService, keys) -> float:
     return time.perf_counter() - t0
 
 
+def single_call_floor_ns(m: MasterService, keys: list[str]) -> np.ndarray:
+    """Per key: what any single-key call into a kernel pays before it does anything, the floor
+    under the single get: the master lock taken and left around the compiled call that takes
+    the single read's arguments (the columns object, the key's bytes, tenant, clock, TTL) and
+    returns at once."""
+    from numba import njit
+
+    from ..kernels.dispatch import compiled
+
+    @njit
+    def nothing(cols, key, tenant, now, ttl_ns):
+        return 0
+
+    m.get_replica_list(keys[0])  # the reader's columns object is current
+    cols = m._single_reader._columns
+    call = compiled(nothing, cols, b"", 0, 0, 0)
+    lock, now, ttl = m.lock, m.clocks.steady_ns(), m.lease_ttl_ns
+    lat = np.empty(len(keys), np.int64)
+    for i, k in enumerate(keys):
+        t0 = time.perf_counter_ns()
+        lock.take_reading()
+        try:
+            call(cols, k.encode(), 0, now, ttl)
+        finally:
+            lock.leave()
+        lat[i] = time.perf_counter_ns() - t0
+    return lat
+
+
 def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int = 1_000_000,
                single_gets: int = 20_000, show_progress: bool = False) -> dict:
     """Put/get throughput, single-key get latency, client threads and metadata bytes per object."""
@@ -306,6 +335,7 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
         t0 = time.perf_counter_ns()
         table.get(k)
         dlat[i] = time.perf_counter_ns() - t0
+    floor = single_call_floor_ns(m, keys)
 
     # baseline for whole-table work: a NumPy copy of the same columns
     o = m.objects
@@ -332,6 +362,7 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
         "single_get_median_us": float(np.median(lat)) / 1e3,
         "single_get_p99_us": float(np.percentile(lat, 99)) / 1e3,
         "baseline_dict_get_median_us": float(np.median(dlat)) / 1e3,
+        "baseline_single_call_floor_median_us": float(np.median(floor)) / 1e3,
         "baseline_copy_seconds": copy_s,
         "batch_get_ratio_to_baseline_copy": get_s / copy_s,
         "bytes_per_object": (mem["columns"] + mem["index"] + mem["inflight"] + mem["side_tables"]) / objects,
