@@ -132,3 +132,22 @@ def test_bad_keys_and_tenants_get_the_same_typed_errors(master):
     with pytest.raises(ObjectNotFound):
         master.get_replica_list("absent")
     assert not master.exist_key("absent", "no-such-tenant")
+
+
+def test_a_replacement_in_another_masters_store_keeps_this_readers_columns(clocks):
+    """Array replacements are counted process-wide (store/array_epoch.py): another master's
+    growth makes this reader look, find its own arrays unchanged and keep its columns object;
+    a replacement in its own store is read at once."""
+    a, b = (MasterService(MasterConfig(default_kv_lease_ttl_ms=TTL_MS), clocks=clocks) for _ in range(2))
+    for m in (a, b):
+        m.mount_segment("seg0", endpoint="10.0.0.1:1", client_id="c0", base=1 << 32, size=16 * MB)
+        m.put_start("k", 4096, client_id="c0")
+        m.put_end("k", client_id="c0")
+    a.get_replica_list("k")
+    columns = a._single_reader._columns
+    b.objects.flags = b.objects.flags.copy()
+    check_reads(a, ["k"], clocks)
+    assert a._single_reader._columns is columns
+    a.objects.lease_deadline_ns = a.objects.lease_deadline_ns.copy()
+    check_reads(a, ["k"], clocks)  # the lease lands in the new column
+    assert a._single_reader._columns is not columns
