@@ -27,7 +27,7 @@ ROW_MASK = np.int64(0xFFFFFFFF)
 _LEN_MASK = np.int64((1 << KEY_LENGTH_BITS) - 1)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def mix64(h):
     # splitmix64 finalizer: spreads FNV's weak low bits over the whole word
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -35,7 +35,7 @@ def mix64(h):
     return h ^ (h >> np.uint64(31))
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def load_word(data, i, count):
     """``count`` (<= 8) bytes from data[i] as a little-endian integer. Unsigned indices: no
     negative-index fix-up per byte, so the full-word case compiles to plain loads."""
@@ -102,7 +102,7 @@ def same_tag(slot, h):
     return (slot >> 32) == _tag(h)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def key_equals(arena, ref, data, start, length):
     """The key at ``ref`` in the arena is data[start:start+length] (compared eight bytes at a time)."""
     if ref_length(ref) != length:
@@ -172,13 +172,13 @@ def probe_until(table, arena, key_refs, row_tenant, data, start, length, tenant,
             return -1, -1
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
     """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take)."""
     return probe_until(table, arena, key_refs, row_tenant, data, start, length, tenant, h, -1)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def find_row(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
     """Row of (tenant, key) or -1."""
     return find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h)[0]
