@@ -27,7 +27,7 @@ ROW_MASK = np.int64(0xFFFFFFFF)
 _LEN_MASK = np.int64((1 << KEY_LENGTH_BITS) - 1)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def mix64(h):
     # splitmix64 finalizer: spreads FNV's weak low bits over the whole word
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -35,7 +35,7 @@ def mix64(h):
     return h ^ (h >> np.uint64(31))
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def load_word(data, i, count):
     """``count`` (<= 8) bytes from data[i] as a little-endian integer. Unsigned indices: no
     negative-index fix-up per byte, so the full-word case compiles to plain loads."""
