@@ -102,7 +102,7 @@ def same_tag(slot, h):
     return (slot >> 32) == _tag(h)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def key_equals(arena, ref, data, start, length):
     """The key at ``ref`` in the arena is data[start:start+length] (compared eight bytes at a time)."""
     if ref_length(ref) != length:

@@ -21,7 +21,7 @@ def test_first_put_and_get_compile_only_their_kernels_and_a_filled_cache_compile
     assert figures["kernels_compiled_at_import"] == 0
     compiled = figures["compile_seconds_by_kernel_empty_cache"]
     assert compiled and {name.rsplit(".", 1)[0] for name in compiled} <= FIRST_CALL_MODULES, compiled
-    # the key-index helpers (hash_key, probe_until, key_equals) compile once: put, put_end and the
+    # the key-index helpers (hash_key, probe_until) compile once: put, put_end and the
     # single get hash and probe with the same argument types (read_one views its key bytes as a
     # put's key buffer), and put_end's one key takes no staged batch kernel
     assert figures["most_specialisations_of_one_kernel"] == 1, figures
