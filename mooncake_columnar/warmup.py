@@ -67,7 +67,7 @@ def _exercise(tmp: Path) -> None:
     standby = StandbyService(store, config=config, clocks=clocks,
                              snapshot_repo=SnapshotRepository(tmp / "standby"))
     mount_segments(m, 2, 64 << 20)
-    for n in (1, _BIG):  # the serial and the parallel variants
+    for n in (1, 2, _BIG):  # one key, and the serial and the parallel variants of batches
         keys = synthetic_keys(0, n)
         fill(m, n, replica_num=2, group_id="g", hard_pin=False)
         m.batch_get_replica_list(keys)

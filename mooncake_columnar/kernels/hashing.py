@@ -172,13 +172,13 @@ def probe_until(table, arena, key_refs, row_tenant, data, start, length, tenant,
             return -1, -1
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
     """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take)."""
     return probe_until(table, arena, key_refs, row_tenant, data, start, length, tenant, h, -1)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def find_row(table, arena, key_refs, row_tenant, data, start, length, tenant, h):
     """Row of (tenant, key) or -1."""
     return find_or_empty_slot(table, arena, key_refs, row_tenant, data, start, length, tenant, h)[0]
@@ -342,8 +342,23 @@ def _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
 _find_rows_nogil = variant(_find_rows, "_nogil", nogil=True)
 
 
+@njit(cache=True)
+def _find_one(table, arena, key_refs, row_tenant, offsets, data, tenants):
+    """:func:`_find_rows` of one key: a single-key call (put_end, remove) compiles only this small
+    kernel over :func:`hash_key` and :func:`probe_until`, which a put has already compiled for
+    these types, not the staged batch kernel (seconds on an empty Numba cache)."""
+    s = offsets[0]
+    n = offsets[1] - s
+    out = np.empty(1, np.int64)
+    out[0] = find_row(table, arena, key_refs, row_tenant, data, s, n, tenants[0], hash_key(data, s, n, tenants[0]))
+    return out
+
+
 def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
-    """See :func:`_find_rows`; batches drop the GIL while they probe (:mod:`.dispatch`)."""
+    """See :func:`_find_rows`; one key takes :func:`_find_one`; batches drop the GIL while they
+    probe (:mod:`.dispatch`)."""
+    if offsets.shape[0] == 2:
+        return _find_one(table, arena, key_refs, row_tenant, offsets, data, tenants)
     if offsets.shape[0] <= BATCH_MIN:
         return _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants)
     return _find_rows_nogil(table, arena, key_refs, row_tenant, offsets, data, tenants)

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange, set_parallel_chunksize
 
 from ..errors import ErrorCode
-from ..schema import KIND_MEMORY
+from ..schema import CODE_DTYPE, KIND_MEMORY
 from . import hashing as hk
 from .chains import next_row
 from .dispatch import BATCH_MIN, variant
@@ -31,6 +31,7 @@ NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
 NOT_READY = int(ErrorCode.REPLICA_IS_NOT_READY)
 _BLOCK = 64
 _MEM_KIND = int(KIND_MEMORY)  # its replicas' segment column is a segment code
+_TENANT = CODE_DTYPE.type  # the tenant column's dtype
 
 
 @njit(inline="always", cache=True)
@@ -225,15 +226,21 @@ def read_one(cols, key, tenant, now, ttl_ns):
     allocated either."""
     rep_status, rep_kind, rep_seg, seg_readable = cols.rep_status, cols.rep_kind, cols.rep_seg, cols.seg_readable
     flags, lease, more = cols.flags, cols.lease, cols.more
-    n = len(key)
-    h = hk.hash_key(key, 0, n, tenant)
+    # the key as a put's key buffer (store/keys.py: a read-only uint8 view, no copy) from offset
+    # int64 0, and the tenant as its column's dtype: the lookup then reuses the hash and probe that
+    # the put path compiled for those types, not specialisations of its own (empty Numba cache)
+    data = np.frombuffer(key, np.uint8)
+    start = np.int64(0)
+    t = _TENANT(tenant)
+    n = data.shape[0]
+    h = hk.hash_key(data, start, n, t)
     r = hk.candidate_row(cols.table, h)
     if r >= 0:  # the likely row's cache misses at once, while its key is checked, not one after another
         prefetch(cols.key_refs, r)
         prefetch(cols.row_tenant, r)
         _prefetch_rows(1, (r,), flags, lease, rep_status, rep_kind, rep_seg)
         _prefetch_descriptors(1, (r,), cols.size_bytes, cols.rep_id, cols.rep_offset)
-    r = hk.find_row(cols.table, cols.arena, cols.key_refs, cols.row_tenant, key, 0, n, tenant, h)
+    r = hk.find_row(cols.table, cols.arena, cols.key_refs, cols.row_tenant, data, start, n, t, h)
     code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
     count = 0
     group = False

@@ -44,6 +44,12 @@ def test_key_index_matches_dict_under_churn(ops):
     rows = np.array(list(model.values()), np.int64)
     assert sorted(index.keys_of(rows).to_pylist()) == sorted(k for _, k in model)
     assert sorted(hk.slot_rows(index.table).tolist()) == sorted(rows.tolist())
+    # the lookups above took the one-key kernel; a batch (the staged kernel) answers the same,
+    # absent keys and other tenants' included
+    asked = [(t, f"k{k}") for _, k, t in ops]
+    offsets, data = string_buffers(as_string_array([key for _, key in asked]))
+    found = index.lookup_batch(offsets, data, np.array([t for t, _ in asked], np.int32))
+    assert found.tolist() == [model.get(q, -1) for q in asked]
 
 
 def _index_with_keys(n: int, tenants: int, capacity: int) -> tuple[KeyIndex, ObjectTable, pa.Array, np.ndarray]:
