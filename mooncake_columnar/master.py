@@ -159,11 +159,13 @@ class MasterService:
         error = self.journal.terminal_error if self.journal is not None else None
         return MasterHealth(self._background.health(), repr(error) if error is not None else None)
 
-    def verify(self) -> None:
+    def verify(self, *, key_lookups: bool = True) -> None:
         """Self-check: raise EngineInvariantError naming the first broken structural invariant
-        (extents, allocators, key index, free rows, in-flight slots, groups, ledger, ids)."""
+        (extents, allocators, key index, free rows, in-flight slots, groups, ledger, ids).
+        ``key_lookups=False``: right after :meth:`from_state`, whose bulk index build proved
+        that every LIVE row is found by its own key (``integrity.verify_engine``)."""
         with self._lock:
-            verify_engine(self)
+            verify_engine(self, key_lookups=key_lookups)
 
     # ================================================================================ eviction
     @overload

@@ -138,7 +138,9 @@ def master_of_standby(snap: StandbySnapshot, *, config: MasterConfig | None = No
         if isinstance(exc, MooncakeError):      # share an allocation unit: validation let them through
             raise
         raise SnapshotIntegrityError(f"replicas/segments: the engine refused the state: {exc}") from exc
-    master.verify()  # replica ids unique among held replicas: the index build below cannot fail
+    # replica ids unique among held replicas: the index build below cannot fail (the key lookups:
+    # the bulk index build of from_state proved them)
+    master.verify(key_lookups=False)
     master.standby_replica_ids = ReplicaIdIndex.of_master(master)
     return master
 

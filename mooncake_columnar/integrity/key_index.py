@@ -149,7 +149,10 @@ def _scan_index(table, tags, hw, key_refs, row_tenant, arena):
     return count.sum(), -1, _IX_OK
 
 
-def check_key_index(m: "MasterService") -> None:
+def check_key_index(m: "MasterService", *, lookups: bool = True) -> None:
+    """The index's count and every LIVE row's key reference; with ``lookups``, also that every
+    index slot names a LIVE row found by its own key (a pass that hashes every key and walks the
+    table: the most expensive check of verify_engine)."""
     o, k = m.objects, m.keys
     hw = o.high_water
     if k.count != o.live_count:
@@ -160,6 +163,8 @@ def check_key_index(m: "MasterService") -> None:
     if r >= 0:
         fail("key_ref", f"row {r}: key_ref {int(o.key_ref[r]):#x} / tenant code {int(o.tenant[r])} "
                          f"outside the arena ({k.arena_used} bytes) or the tenant dictionary")
+    if not lookups:
+        return
     tags = _row_tags(hw, o.flags, o.key_ref, o.tenant, k.arena)
     occupied, slot, problem = _scan_index(k.table, tags, hw, o.key_ref, o.tenant, k.arena)
     if problem == _IX_FULL:

@@ -14,9 +14,10 @@ that differs from the payload schemas fails the candidate. Nothing here loops ov
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Callable, Iterable, TypeAlias
 
 import pyarrow as pa
@@ -219,6 +220,21 @@ def encode_state(state: SnapshotState, compression: str | None = None, *,
 def verify_digest(payloads: dict[str, bytes | pa.Buffer]) -> None:
     """Check every payload against ``digest.json`` (any known digest version); the digest must
     list exactly PAYLOAD_FILES."""
+    checks = digest_checks(payloads)
+    for name in sorted(checks):
+        checks[name]()
+
+
+def _check_sum(name: str, field: str, expected: object, checksum: Callable[[Buffer], str], data: Buffer) -> None:
+    if expected != checksum(data):
+        raise SnapshotDigestError(f"{name}: {field} mismatch")
+
+
+def digest_checks(payloads: dict[str, bytes | pa.Buffer]) -> dict[str, Callable[[], None]]:
+    """Check ``digest.json``'s structure, that it lists exactly PAYLOAD_FILES (and maybe the
+    optional ones) and every listed payload's presence and size; returns, per listed payload,
+    the check of its checksum (the costly part, which runs without the GIL: callers may run
+    them in parallel)."""
     raw = payloads.get(DIGEST_FILE)
     if raw is None:
         raise SnapshotDigestError(f"{DIGEST_FILE} is missing")
@@ -235,6 +251,7 @@ def verify_digest(payloads: dict[str, bytes | pa.Buffer]) -> None:
     if not set(PAYLOAD_FILES) <= set(files) <= {*PAYLOAD_FILES, *OPTIONAL_PAYLOAD_FILES}:
         raise SnapshotDigestError(f"{DIGEST_FILE} lists {sorted(files)}, expected {sorted(PAYLOAD_FILES)}"
                                   f" (and optionally {list(OPTIONAL_PAYLOAD_FILES)})")
+    checks: dict[str, Callable[[], None]] = {}
     for name in sorted(files):
         entry, data = files[name], payloads.get(name)
         if data is None:
@@ -243,8 +260,9 @@ def verify_digest(payloads: dict[str, bytes | pa.Buffer]) -> None:
             raise SnapshotDigestError(f"{DIGEST_FILE}: bad entry for {name}")
         if entry["size"] != len(data):
             raise SnapshotDigestError(f"{name}: {len(data)} bytes, digest says {entry['size']}")
-        if entry[field] != checksum(data):
-            raise SnapshotDigestError(f"{name}: {field} mismatch")
+
+        checks[name] = functools.partial(_check_sum, name, field, entry[field], checksum, data)
+    return checks
 
 
 def optional_payloads(digest: bytes | pa.Buffer) -> tuple[str, ...]:
@@ -281,15 +299,41 @@ def decode_state(payloads: dict[str, bytes | pa.Buffer], *, check_unique_keys: b
     """Verify the digest, decode the three tables (encoded layout, zero-copy over the payloads)
     and validate the result (the (tenant, key) uniqueness check may be left to a caller that
     loads the keys into an index anyway)."""
-    verify_digest(payloads)
-    # Arrow validates without the GIL: the objects file (the largest) in a second thread
+    checks = digest_checks(payloads)
+    failed: dict[str, SnapshotDigestError] = {}
+
+    def checked(names: Iterable[str]) -> bool:
+        for name in names:
+            try:
+                checks[name]()
+            except SnapshotDigestError as e:
+                failed[name] = e
+                return False
+        return True
+
+    # Checksums and Arrow's validation run without the GIL: the objects file (the largest) is
+    # checked and decoded in a second thread, the others here. Every file's checksum is checked
+    # before it is decoded, and a checksum mismatch is reported before any decode error (the
+    # first in name order, as verify_digest would).
+    decode_error: SnapshotPayloadError | None = None
     with ThreadPoolExecutor(max_workers=1) as pool:
-        objects = pool.submit(read_ipc, payloads[OBJECTS_FILE], OBJECTS_PAYLOAD_SCHEMA, OBJECTS_FILE)
-        replicas = read_ipc(payloads[REPLICAS_FILE], REPLICAS_PAYLOAD_SCHEMA, REPLICAS_FILE)
-        # a segments file from before segment ids were kept: SnapshotState adds them as ""
-        segments = read_ipc(payloads[SEGMENTS_FILE], (SEGMENTS_ARROW_SCHEMA, SEGMENTS_LEGACY_SCHEMA),
-                             SEGMENTS_FILE)
-        objects = objects.result()
+        objects_job = pool.submit(lambda: read_ipc(payloads[OBJECTS_FILE], OBJECTS_PAYLOAD_SCHEMA, OBJECTS_FILE)
+                                  if checked((OBJECTS_FILE,)) else None)
+        if checked(sorted(set(checks) - {OBJECTS_FILE})):
+            try:
+                replicas = read_ipc(payloads[REPLICAS_FILE], REPLICAS_PAYLOAD_SCHEMA, REPLICAS_FILE)
+                # a segments file from before segment ids were kept: SnapshotState adds them as ""
+                segments = read_ipc(payloads[SEGMENTS_FILE], (SEGMENTS_ARROW_SCHEMA, SEGMENTS_LEGACY_SCHEMA),
+                                    SEGMENTS_FILE)
+            except SnapshotPayloadError as e:
+                decode_error = e
+        wait((objects_job,))
+    if failed:
+        raise failed[min(failed)]
+    if decode_error is not None:
+        raise decode_error
+    objects = objects_job.result()
+    assert objects is not None  # its checksum matched
     meta = replicas.schema.metadata or {}
     raw_next = meta.get(_NEXT_ID_KEY)
     if raw_next is None or not raw_next.isdigit() or (len(raw_next) > 1 and raw_next[:1] == b"0"):

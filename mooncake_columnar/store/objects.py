@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..kernels import chains as ck
+from ..kernels import put_start as pk
 from ..kernels.predicates import memory_replica_on_mask
 from .array_epoch import ArrayEpoch
 from .growth import ColumnGrowth, GrowthJob, run_job
@@ -249,9 +250,8 @@ class ObjectTable(ArrayEpoch):
         rows = np.asarray(rows, np.int64)
         ms = np.asarray(ms, np.int64)
         one = ms.ndim == 0  # one start for every row (a put_start call): scalar arithmetic below
-        known = ms > 0
-        if known.any():
-            lo, hi = (int(ms), int(ms)) if one else (int(ms[known].min()), int(ms[known].max()))
+        known, lo, hi = (int(ms > 0), int(ms), int(ms)) if one else pk.known_range(ms)
+        if known:
             base = self.put_start_base_ms
             outside = base is None or lo < base or hi > base + PUT_START_SPAN
             if self._put_start_bounds is not None:
@@ -262,9 +262,8 @@ class ObjectTable(ArrayEpoch):
         base = self.put_start_base_ms or 0
         if one:
             self.put_start_rel[rows] = min(max(int(ms) - base, 0), PUT_START_SPAN) if known else PUT_START_NONE
-        else:
-            self.put_start_rel[rows] = np.where(known, np.clip(ms - base, 0, PUT_START_SPAN),
-                                                PUT_START_NONE).astype(np.uint32)
+        else:  # a column of them (a restore): no temporaries
+            pk.store_relative(self.put_start_rel, rows, ms, base, PUT_START_SPAN, int(PUT_START_NONE))
 
     def put_start_ms(self, rows: np.ndarray) -> np.ndarray:
         """System-clock put start (ms, int64; 0: unknown) of ``rows``."""
