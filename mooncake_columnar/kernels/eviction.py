@@ -77,16 +77,16 @@ def _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, 
 def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt,
             seg_readable, more, listing, bound):
     """:func:`census`, and when ``listing`` the NO_PIN_CANDIDATE rows whose deadline is <= bound
-    with their deadlines, ascending, from the same pass: each chunk writes them at its own
-    start of a row-sized buffer (only the pages written are touched), then the chunks are
-    packed."""
+    with their deadlines, ascending, from the same pass: each chunk writes the rows at its own
+    start of a row-sized buffer, then the chunks are packed and the deadlines gathered. Only the
+    pages written are touched, and every one touched is a page fault of a fresh buffer (several
+    microseconds on a VM), so the buffer holds 4-byte rows only: rows fit 32 bits (the key
+    index's slots hold 32-bit rows)."""
     codes = np.zeros(rows_hw, np.uint8)
     chunk = (rows_hw + _CHUNKS - 1) // _CHUNKS
     skipped = np.zeros(_CHUNKS, np.int64)
     per_code = np.zeros((_CHUNKS, 4), np.int64)
-    room = rows_hw if listing else 0
-    found_rows = np.empty(room, np.int64)
-    found_lease = np.empty(room, np.int64)
+    found_rows = np.empty(rows_hw if listing else 0, np.uint32)
     found = np.zeros(_CHUNKS, np.int64)
     for c in prange(_CHUNKS):
         local_skipped = in_base = no_pin = soft = k = 0
@@ -106,7 +106,6 @@ def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, stat
                 if listing:
                     if lease[r] <= bound:
                         found_rows[c * chunk + k] = r
-                        found_lease[c * chunk + k] = lease[r]
                         k += 1
         per_code[c, IN_BASE] = in_base
         per_code[c, NO_PIN_CANDIDATE] = no_pin
@@ -114,13 +113,18 @@ def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, stat
         per_code[c, NOT_IN_BASE] = max(0, min(rows_hw, (c + 1) * chunk) - c * chunk) - in_base - no_pin - soft
         skipped[c] = local_skipped
         found[c] = k
-    listed_rows = np.empty(found.sum(), np.int64)
-    listed_lease = np.empty(found.sum(), np.int64)
-    k = 0
+    at = np.empty(_CHUNKS, np.int64)
+    total = 0
     for c in range(_CHUNKS):
-        listed_rows[k:k + found[c]] = found_rows[c * chunk:c * chunk + found[c]]
-        listed_lease[k:k + found[c]] = found_lease[c * chunk:c * chunk + found[c]]
-        k += found[c]
+        at[c] = total
+        total += found[c]
+    listed_rows = np.empty(total, np.int64)
+    listed_lease = np.empty(total, np.int64)
+    for c in prange(_CHUNKS):
+        for i in range(found[c]):
+            r = np.int64(found_rows[c * chunk + i])
+            listed_rows[at[c] + i] = r
+            listed_lease[at[c] + i] = lease[r]
     return codes, per_code.sum(axis=0), skipped.sum(), listed_rows, listed_lease
 
 

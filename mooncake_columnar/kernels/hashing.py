@@ -457,51 +457,75 @@ _delete_rows_small = variant(_delete_rows_serial, "_small", nogil=False)
 def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
     """Hashes in parallel, then the deletions bucketed by table region and the regions in
     parallel. A delete only touches slots of its own region; the few whose probe run crosses a
-    region boundary are done afterwards, one at a time."""
+    region boundary are done afterwards, one at a time. Every pass over the rows is parallel
+    (a serial bucketing pass was a quarter of the time on two cores)."""
     n = rows.shape[0]
     size = table.shape[0]
+    regions = min(_REGIONS, size)
     hs = np.empty(n, np.uint64)
-    blocks = (n + _BLOCK - 1) // _BLOCK
-    per_chunk = (blocks + _CHUNKS - 1) // _CHUNKS
+    per_chunk = ((n + _BLOCK - 1) // _BLOCK + _CHUNKS - 1) // _CHUNKS * _BLOCK  # rows per chunk
     key_bytes = np.zeros(_CHUNKS, np.int64)
+    counts = np.zeros((_CHUNKS, regions), np.int64)
     for c in prange(_CHUNKS):
         scratch = np.empty((3, _BLOCK), np.int64)
-        for blk in range(c * per_chunk, min(blocks, (c + 1) * per_chunk)):
-            b = blk * _BLOCK
-            key_bytes[c] += _hash_block(rows, b, min(_BLOCK, n - b), arena, key_refs, row_tenant, hs[b:], scratch)
-    regions = min(_REGIONS, size)
-    # counting sort by home slot, to 1/256 of a region: each region then walks its slots in
-    # (nearly) ascending order, which the hardware prefetcher follows
-    sub_shift = 8
-    buckets = regions << sub_shift  # bucket >> sub_shift is the home slot's region_of
-    start = np.zeros(buckets + 1, np.int64)
-    for i in range(n):
-        start[region_of(home_slot(hs[i], size), size, buckets) + 1] += 1
-    for g in range(buckets):
-        start[g + 1] += start[g]
-    fill = start[:-1].copy()
-    sorted_rows = np.empty(n, np.int64)
-    sorted_hs = np.empty(n, np.uint64)
-    for i in range(n):
-        g = region_of(home_slot(hs[i], size), size, buckets)
-        sorted_rows[fill[g]] = rows[i]
-        sorted_hs[fill[g]] = hs[i]
-        fill[g] += 1
+        end = min(n, (c + 1) * per_chunk)
+        for b in range(c * per_chunk, end, _BLOCK):
+            key_bytes[c] += _hash_block(rows, b, min(_BLOCK, end - b), arena, key_refs, row_tenant, hs[b:], scratch)
+        for i in range(c * per_chunk, end):
+            counts[c, region_of(home_slot(hs[i], size), size, regions)] += 1
+    # grouped by region, rows in input order within one (chunk by chunk)
+    start = np.empty(regions + 1, np.int64)
+    k = 0
+    for g in range(regions):
+        start[g] = k
+        for c in range(_CHUNKS):
+            k, counts[c, g] = k + counts[c, g], k  # counts becomes each chunk's first position
+    start[regions] = k
+    grouped_rows = np.empty(n, np.int64)
+    grouped_hs = np.empty(n, np.uint64)
+    for c in prange(_CHUNKS):
+        for i in range(c * per_chunk, min(n, (c + 1) * per_chunk)):
+            g = region_of(home_slot(hs[i], size), size, regions)
+            grouped_rows[counts[c, g]] = rows[i]
+            grouped_hs[counts[c, g]] = hs[i]
+            counts[c, g] += 1
     crossed = np.zeros(n, np.bool_)
     for g in prange(regions):
         stop = region_start(g + 1, size, regions)
-        lo, hi = start[g << sub_shift], start[(g + 1) << sub_shift]
-        for b in range(lo, hi, _BLOCK):
-            for t in range(b, min(hi, b + _BLOCK)):  # a block's home slots first: misses overlap
-                prefetch(table, home_slot(sorted_hs[t], size))
-            for t in range(b, min(hi, b + _BLOCK)):
-                h = sorted_hs[t]
-                if _delete_in(table, _slot_value(h, sorted_rows[t]), home_slot(h, size), stop) < 0:
-                    crossed[t] = True
+        order = _by_home(grouped_hs, start[g], start[g + 1], size, g, regions)
+        for b in range(0, order.shape[0], _BLOCK):
+            for t in range(b, min(order.shape[0], b + _BLOCK)):  # a block's home slots first: misses overlap
+                prefetch(table, home_slot(grouped_hs[order[t]], size))
+            for t in range(b, min(order.shape[0], b + _BLOCK)):
+                h = grouped_hs[order[t]]
+                if _delete_in(table, _slot_value(h, grouped_rows[order[t]]), home_slot(h, size), stop) < 0:
+                    crossed[order[t]] = True
     for t in range(n):
         if crossed[t]:
-            delete_row(table, sorted_rows[t], sorted_hs[t])
+            delete_row(table, grouped_rows[t], grouped_hs[t])
     return key_bytes.sum()
+
+
+_SUB_BITS = 8
+
+
+@njit(inline="always", cache=True)
+def _by_home(hs, lo, hi, size, g, regions):
+    """Positions lo..hi-1 (hashes of homes in region ``g``) ordered by home slot to 1/256 of the
+    region (a counting sort): the region's slots are then walked in (nearly) ascending order,
+    which the hardware prefetcher follows."""
+    first = g << _SUB_BITS
+    at = np.zeros((1 << _SUB_BITS) + 1, np.int64)
+    for i in range(lo, hi):
+        at[region_of(home_slot(hs[i], size), size, regions << _SUB_BITS) - first + 1] += 1
+    for s in range(1 << _SUB_BITS):
+        at[s + 1] += at[s]
+    order = np.empty(hi - lo, np.int64)
+    for i in range(lo, hi):
+        s = region_of(home_slot(hs[i], size), size, regions << _SUB_BITS) - first
+        order[at[s]] = i
+        at[s] += 1
+    return order
 
 
 @njit(cache=True)
