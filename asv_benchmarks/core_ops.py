@@ -13,6 +13,7 @@ import pyarrow as pa
 from mooncake_columnar.master import MasterService
 from mooncake_columnar.tools.bench import (DictStore, MasterStore, index_lookup_seconds, mixed_keys,
                                            mixed_ops_per_s, reader_wait_figures)
+from mooncake_columnar.tools.memory_floor import gather_keys_per_s
 from mooncake_columnar.tools.synthetic import build_master, synthetic_keys
 
 from ._common import OBJECT_COUNTS, SEED, SEGMENTS, TIMEOUT_S, best_seconds, cached_master
@@ -99,6 +100,14 @@ class BatchGet(_Core):
         return get_s / min(index_lookup_seconds(self.m, self.keys) for _ in range(3))
 
     track_batch_get_ratio_to_index_lookup.unit = "ratio"
+
+    def track_batch_get_ratio_to_gather_floor(self, objects: int) -> float:
+        """Keys/s of the batch read over this machine's random-read floor for the same keys
+        (tools/memory_floor.py): 1.0 is as fast as memory allows."""
+        get_s = best_seconds(lambda: self.m.batch_get_replica_list(self.keys))
+        return len(self.keys) / get_s / gather_keys_per_s(self.m, self.keys)
+
+    track_batch_get_ratio_to_gather_floor.unit = "ratio"
 
 
 class BatchExist(_Core):

@@ -22,6 +22,7 @@ from .bench_oplog import bench_oplog
 from .bench_endtoend import bench_endtoend
 from .bench_snapshot import bench_snapshot
 from .bench_startup import bench_startup
+from .memory_floor import gather_keys_per_s
 from .synthetic import KEY_BYTES, build_master, peak_rss_bytes, promoted_master, synthetic_keys
 
 
@@ -316,6 +317,7 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
     get_s = _timed(lambda: m.batch_get_replica_list(picks))
     exist_s = _timed(lambda: m.batch_exist_key(picks))
     lookup_s = index_lookup_seconds(m, picks)
+    gather_rate = gather_keys_per_s(m, picks)
 
     # baseline: a Python dict answering the same lookups (sampled; scaled to the batch)
     sample = picks.slice(0, min(batch, 200_000)).to_pylist()
@@ -359,6 +361,9 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
         # the floor under both: the key index alone (hash, probe, verify) on the same keys
         "baseline_index_lookup_keys_per_s": batch / lookup_s,
         "batch_get_ratio_to_index_lookup": lookup_s / get_s,
+        # the machine's floor under both: the values a get reads, gathered at known rows (memory_floor.py)
+        "baseline_gather_keys_per_s": gather_rate,
+        "batch_get_ratio_to_gather_floor": batch / get_s / gather_rate,
         "single_get_median_us": float(np.median(lat)) / 1e3,
         "single_get_p99_us": float(np.percentile(lat, 99)) / 1e3,
         "baseline_dict_get_median_us": float(np.median(dlat)) / 1e3,

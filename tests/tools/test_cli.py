@@ -22,8 +22,20 @@ def test_bench_core_json_has_figures_with_baselines(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["objects"] == 20000
     for name in ("batch_put_keys_per_s", "batch_get_keys_per_s", "single_get_median_us", "bytes_per_object",
-                 "baseline_copy_seconds", "baseline_dict_lookup_keys_per_s", "peak_rss_bytes"):
+                 "baseline_copy_seconds", "baseline_dict_lookup_keys_per_s", "peak_rss_bytes",
+                 "baseline_gather_keys_per_s", "batch_get_ratio_to_gather_floor"):
         assert result[name] > 0, name
+
+
+def test_gather_floor_refuses_keys_that_are_not_stored():
+    """The floor reads each key's row: a missing key has none, so it cannot stand for a lookup."""
+    from mooncake_columnar.tools.memory_floor import gather_keys_per_s
+    from mooncake_columnar.tools.synthetic import build_master, synthetic_keys
+
+    m = build_master(1000)
+    assert gather_keys_per_s(m, synthetic_keys(0, 1000)) > 0
+    with pytest.raises(ValueError, match="present"):
+        gather_keys_per_s(m, synthetic_keys(999, 2))
 
 
 def test_engine_verify_with_progress_keeps_stdout_one_json_object(capsys, tmp_path) -> None:
