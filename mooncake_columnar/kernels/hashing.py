@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from .dispatch import BATCH_MIN, variant
+from .nrt_free import nrt_free
 from .prefetch import prefetch
 
 EMPTY_SLOT = -1
@@ -320,12 +321,18 @@ def _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
 
     Staged by blocks: all hashes and home slots of a block, then all candidate rows' key refs
     and tenants, then their key bytes, then the verification, so the cache misses of
-    independent keys overlap (:func:`locate_block`).
+    independent keys overlap (:func:`locate_block`). The loop runs without reference counting
+    (:mod:`.nrt_free`).
     """
-    n = offsets.shape[0] - 1
-    out = np.empty(n, np.int64)
-    hs = np.empty(_BLOCK, np.uint64)
-    cand = np.empty(_BLOCK, np.int64)
+    out = np.empty(offsets.shape[0] - 1, np.int64)
+    _find_rows_into(out, np.empty(_BLOCK, np.uint64), np.empty(_BLOCK, np.int64),
+                    table, arena, key_refs, row_tenant, offsets, data, tenants)
+    return out
+
+
+@nrt_free
+def _find_rows_into(out, hs, cand, table, arena, key_refs, row_tenant, offsets, data, tenants):
+    n = out.shape[0]
     for b in range(0, n, _BLOCK):
         m = min(_BLOCK, n - b)
         locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand)
@@ -336,7 +343,6 @@ def _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
                 r = find_row(table, arena, key_refs, row_tenant, data, offsets[i], offsets[i + 1] - offsets[i],
                              tenant_at(tenants, i), hs[t])
             out[i] = r
-    return out
 
 
 _find_rows_nogil = variant(_find_rows, "_nogil", nogil=True)

@@ -23,6 +23,7 @@ from . import hashing as hk
 from .chains import next_row
 from .dispatch import BATCH_MIN, variant
 from .leases import grant_group_read_lease, grant_read_lease
+from .nrt_free import nrt_free
 from .predicates import is_readable_replica, slot_in_use, slot_is_removed
 from .prefetch import prefetch
 
@@ -222,25 +223,29 @@ def read_one(cols, key, tenant, now, ttl_ns):
     ``count``: the object's readable replicas (on OK); when it is 1, the rest are that
     replica's slot values (its row's size), so the caller builds its one descriptor without
     reading the columns again (else they are 0). ``key``: the key's bytes (a ``bytes`` object:
-    no NumPy array per call); nothing is
-    allocated either."""
-    rep_status, rep_kind, rep_seg, seg_readable = cols.rep_status, cols.rep_kind, cols.rep_seg, cols.seg_readable
-    flags, lease, more = cols.flags, cols.lease, cols.more
+    no NumPy array per call); nothing is allocated either."""
     # the key as a put's key buffer (store/keys.py: a read-only uint8 view, no copy) from offset
     # int64 0, and the tenant as its column's dtype: the lookup then reuses the hash and probe that
     # the put path compiled for those types, not specialisations of its own (empty Numba cache)
-    data = np.frombuffer(key, np.uint8)
+    c = cols
+    return _read_one(c.table, c.arena, c.key_refs, c.row_tenant, c.flags, c.lease, c.rep_status, c.rep_kind,
+                     c.rep_seg, c.seg_readable, c.more, c.rep_id, c.rep_offset, c.size_bytes,
+                     np.frombuffer(key, np.uint8), _TENANT(tenant), now, ttl_ns)
+
+
+@nrt_free
+def _read_one(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more,
+              rep_id, rep_offset, size_bytes, data, t, now, ttl_ns):
     start = np.int64(0)
-    t = _TENANT(tenant)
     n = data.shape[0]
     h = hk.hash_key(data, start, n, t)
-    r = hk.candidate_row(cols.table, h)
+    r = hk.candidate_row(table, h)
     if r >= 0:  # the likely row's cache misses at once, while its key is checked, not one after another
-        prefetch(cols.key_refs, r)
-        prefetch(cols.row_tenant, r)
+        prefetch(key_refs, r)
+        prefetch(row_tenant, r)
         _prefetch_rows(1, (r,), flags, lease, rep_status, rep_kind, rep_seg)
-        _prefetch_descriptors(1, (r,), cols.size_bytes, cols.rep_id, cols.rep_offset)
-    r = hk.find_row(cols.table, cols.arena, cols.key_refs, cols.row_tenant, data, start, n, t, h)
+        _prefetch_descriptors(1, (r,), size_bytes, rep_id, rep_offset)
+    r = hk.find_row(table, arena, key_refs, row_tenant, data, start, n, t, h)
     code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
     count = 0
     group = False
@@ -254,11 +259,11 @@ def read_one(cols, key, tenant, now, ttl_ns):
                 if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
                     count += 1
                     if count == 1:
-                        rid = int(cols.rep_id[rr, j])
+                        rid = int(rep_id[rr, j])
                         kind = int(rep_kind[rr, j])
                         seg = int(rep_seg[rr, j])
-                        offset = int(cols.rep_offset[rr, j])
-                        size = int(cols.size_bytes[rr])
+                        offset = int(rep_offset[rr, j])
+                        size = int(size_bytes[rr])
             rr = next_row(more, rr)
     if count != 1:
         rid = np.uint64(0)
