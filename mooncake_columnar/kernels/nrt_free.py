@@ -14,6 +14,9 @@ references keep every array alive and nothing inside it needs counting.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from numba import njit
 
-nrt_free = njit(cache=True, _nrt=False)
+_OPTIONS: dict[str, Any] = {"cache": True, "_nrt": False}  # _nrt: Numba's own option, not in its stubs
+nrt_free = njit(**_OPTIONS)
