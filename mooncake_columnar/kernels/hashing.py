@@ -380,11 +380,16 @@ def last_of_each_key(offsets, data, tenants):
     cap = 16
     while cap < 2 * n:
         cap *= 2
-    table = np.full(cap, EMPTY_SLOT, np.int64)
-    refs = np.empty(n, np.int64)
+    last = np.zeros(n, np.bool_)
+    _mark_last(np.full(cap, EMPTY_SLOT, np.int64), np.empty(n, np.int64), offsets, data, tenants, last)
+    return last
+
+
+@nrt_free
+def _mark_last(table, refs, offsets, data, tenants, last):
+    n = last.shape[0]
     for i in range(n):
         refs[i] = key_ref(offsets[i], offsets[i + 1] - offsets[i])
-    last = np.zeros(n, np.bool_)
     for i in range(n - 1, -1, -1):
         s = offsets[i]
         length = offsets[i + 1] - s
@@ -393,7 +398,6 @@ def last_of_each_key(offsets, data, tenants):
         if row < 0:  # no later row holds this key
             fill_slot(table, slot, h, i)
             last[i] = True
-    return last
 
 
 @njit(inline="always", cache=True)

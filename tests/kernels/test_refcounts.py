@@ -47,7 +47,7 @@ def test_the_check_sees_counts_that_an_inlined_helper_leaves_in_a_loop():
     assert sum(loop_refcounts(_verify_all).values()) > 0
 
 
-def test_serial_batch_lookup_and_single_get_keep_no_reference_counts_in_their_loops():
+def test_serial_lookups_and_single_get_keep_no_reference_counts_in_their_loops():
     m = MasterService(MasterConfig())
     m.mount_segment("seg", endpoint="10.0.0.1:1", client_id="c0", base=1 << 40, size=64 * MB)
     keys = [f"key-{i}" for i in range(100)]
@@ -58,5 +58,6 @@ def test_serial_batch_lookup_and_single_get_keep_no_reference_counts_in_their_lo
     offsets, data = string_buffers(as_string_array(keys))
     rows = hk._find_rows(index.table, index.arena, o.key_ref, o.tenant, offsets, data, np.array([0], o.tenant.dtype))
     assert (rows >= 0).all()
-    for kernel in (hk._find_rows, rk.read_one):
+    assert hk.last_of_each_key(offsets, data, np.zeros(len(keys), o.tenant.dtype)).all()  # the standby's batch apply
+    for kernel in (hk._find_rows, rk.read_one, hk.last_of_each_key):
         assert loop_refcounts(kernel) == {}, kernel.py_func.__name__
