@@ -29,8 +29,10 @@ BATCH_MIN = 4096  # keys (or rows): below, the serial variant that keeps the GIL
 
 
 def variant(kernel, suffix: str, **options):
-    """``kernel``'s Python function compiled again with ``options`` (``cache=True`` default)."""
+    """``kernel``'s Python function compiled again with its own options updated by ``options``
+    (``cache=True`` default; an ``nrt_free`` kernel's variants stay without reference counting)."""
     py = getattr(kernel, "py_func", kernel)  # NUMBA_DISABLE_JIT: njit returns the function itself
+    options = {**{k: v for k, v in getattr(kernel, "targetoptions", {}).items() if k != "nopython"}, **options}
     fn = types.FunctionType(py.__code__, py.__globals__, py.__name__ + suffix, py.__defaults__, py.__closure__)
     fn.__qualname__ = py.__qualname__ + suffix
     fn.__module__ = py.__module__
