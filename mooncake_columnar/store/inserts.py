@@ -7,7 +7,6 @@ for objects wider than a row. Vectorized: loops over groups only, never per obje
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -58,44 +57,22 @@ def insert_objects(m: MetadataStore, new: NewObjects, after_pass: Callable[[], N
     memory-mapped file they lie in: snapshots/mapped.py)."""
     o = m.objects
     rows, sel = _new_rows(o, new.size_bytes.size)
-    o.tenant[sel] = new.tenant  # first: the key index reads it
+    for name in ("tenant", "client", "size_bytes", "data_type", "flags", "lease_deadline_ns"):
+        getattr(o, name)[sel] = getattr(new, name)
+        after_pass()
+    soft = np.flatnonzero((new.flags & SOFT_PIN_FLAGS) | (new.soft_pin_deadline_ns != NO_DEADLINE))
+    if soft.size:
+        m.soft_pins.add(rows[soft], new.soft_pin_deadline_ns[soft])
+    o.set_put_start(rows, new.put_start_ms)
     after_pass()
-    # The key index (arena copy, refs, bulk build: kernels without the GIL) is built on a second
-    # thread while this one fills the other columns: they touch disjoint columns, and the index
-    # has grown first. Continuation rows (which may reallocate every column) wait for it. Its
-    # error (a duplicate or overlong key) is raised first, as when it ran before the replicas.
-    m.keys.reserve(rows.size, int(new.key_offsets[-1] - new.key_offsets[0]))
-
-    def index() -> None:
-        _insert_keys(m, rows, new.key_offsets, new.key_data, after_pass)
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-insert") as pool:
-        job = pool.submit(index) if rows.size >= _CONCURRENT_FROM_ROWS else None
-        if job is None:
-            index()
-        try:
-            for name in ("client", "size_bytes", "data_type", "flags", "lease_deadline_ns"):
-                getattr(o, name)[sel] = getattr(new, name)
-                after_pass()
-            soft = np.flatnonzero((new.flags & SOFT_PIN_FLAGS) | (new.soft_pin_deadline_ns != NO_DEADLINE))
-            if soft.size:
-                m.soft_pins.add(rows[soft], new.soft_pin_deadline_ns[soft])
-            o.set_put_start(rows, new.put_start_ms)
-            after_pass()
-            processing = np.flatnonzero(new.flags & FLAG_PROCESSING)
-            if processing.size:
-                slots = m.inflight.take(rows[processing])
-                m.inflight.started(slots, new.put_start_ms[processing])
-            _link_groups(m, rows, new.group)
-            _place_replicas(m, rows, new, after_pass, fresh=sel if isinstance(sel, slice) else None,
-                            before_new_rows=(lambda: None) if job is None else job.result)
-        finally:
-            if job is not None:
-                job.result()  # raises the index's error first, whatever happened here
+    processing = np.flatnonzero(new.flags & FLAG_PROCESSING)
+    if processing.size:
+        slots = m.inflight.take(rows[processing])
+        m.inflight.started(slots, new.put_start_ms[processing])
+    _insert_keys(m, rows, new.key_offsets, new.key_data, after_pass)
+    _link_groups(m, rows, new.group)
+    _place_replicas(m, rows, new, after_pass, fresh=sel if isinstance(sel, slice) else None)
     return rows
-
-
-_CONCURRENT_FROM_ROWS = 1 << 16  # below this, a thread costs more than the overlap saves
 
 
 def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
@@ -154,10 +131,9 @@ def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
 
 
 def _place_replicas(m: MetadataStore, rows: np.ndarray, new: NewObjects, after_pass: Callable[[], None], *,
-                    fresh: slice | None, before_new_rows: Callable[[], None] = lambda: None) -> None:
+                    fresh: slice | None) -> None:
     """Replica slot = rank of the replica within its object (``fresh``: the never-used rows'
-    slice, the rows in order; None: rows taken by take_rows, cleared). ``before_new_rows`` runs
-    before continuation rows are added (they may reallocate every column)."""
+    slice, the rows in order; None: rows taken by take_rows, cleared)."""
     o = m.objects
     oi = new.replica_object
     if oi.size and (oi[1:] > oi[:-1]).all():
@@ -180,7 +156,6 @@ def _place_replicas(m: MetadataStore, rows: np.ndarray, new: NewObjects, after_p
                 getattr(o, name)[fresh] = fill
         target = (rows[oi], 0 if slot is None else slot)
         if slot is not None and int(slot.max(initial=0)) >= o.slots:
-            before_new_rows()
             target = _chained_target(o, rows, oi, slot)
     for name in ("replica_segment", "replica_kind", "replica_status", "replica_id"):
         getattr(o, name)[target] = getattr(new, name)
