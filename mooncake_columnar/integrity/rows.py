@@ -8,12 +8,15 @@ from numba import njit
 
 from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
+from ..kernels.slot_index import find_slot
 from ..schema import FLAG_GROUPED, FLAG_LIVE
 from ..store.side_table import RowSideTable
 from ..store.rare_fields import SOFT_PIN_FLAGS
 from ..store.upstream_ids import is_upstream_uuid
 
 from .report import MEM, COMPLETE, EMPTY, PROCESSING, fail, row_name, seg_name
+
+_SOFT_PIN_FLAGS = int(SOFT_PIN_FLAGS)
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -137,15 +140,16 @@ def check_rows(m: "MasterService") -> np.ndarray:
 
 # ================================================================================ in-flight
 @njit(cache=True, nogil=True)
-def _claim_slots(hw, flags, slot_of, in_use, owner, claims):
-    """Count the LIVE rows holding each in-flight slot. (0, -1) or (problem, row): 1 PROCESSING
+def _claim_slots(hw, flags, index, in_use, owner, claims):
+    """Count the LIVE rows holding each in-flight slot (a row's slot: found through ``index``,
+    with no per-row column of slots). (0, -1) or (problem, row): 1 PROCESSING
     without a slot, 2 slot out of range, 3 a slot without PROCESSING, 4 the slot is free,
     5 a second row claims the slot, 6 the slot names another owner row, 7 a freed row keeps a
     slot (release_rows drops it, so background work can never reach a freed row)."""
     cap = in_use.shape[0]
     for r in range(hw):
         f = flags[r]
-        slot = slot_of[r]
+        slot = find_slot(index, owner, r)
         if not is_live(f):
             if slot != -1:
                 return 7, r
@@ -201,10 +205,9 @@ def check_inflight(m: "MasterService") -> None:
     _check_side_table(t, "inflight")
     cap = t.in_use.size
     claims = np.zeros(cap, np.int32)
-    slot_of = t.slots_of(np.arange(o.high_water))
-    problem, r = _claim_slots(o.high_water, o.flags, slot_of, t.in_use, t.row, claims)
+    problem, r = _claim_slots(o.high_water, o.flags, t.index, t.in_use, t.row, claims)
     if problem:
-        slot = int(slot_of[r])
+        slot = int(t.slots_of(np.array([r]))[0])
         what = {1: "is PROCESSING without an in-flight slot", 2: f"points at slot {slot} (out of range)",
                 3: f"holds in-flight slot {slot} but is not PROCESSING",
                 4: f"points at free in-flight slot {slot}",
@@ -219,22 +222,37 @@ def check_inflight(m: "MasterService") -> None:
                                 f"holds it")
 
 
+@njit(cache=True, nogil=True)
+def _pin_rows(hw, flags, index, owner):
+    """(0, -1) or (problem, row): 1 the first soft-pinned (or pin-awaiting) LIVE row without a
+    deadline slot, else 2 the first row not LIVE that holds one (slots found through ``index``,
+    with no per-row column of slots)."""
+    stray = -1
+    for r in range(hw):
+        live = is_live(flags[r])
+        if live and not (flags[r] & _SOFT_PIN_FLAGS):
+            continue
+        slot = find_slot(index, owner, r)
+        if live and slot < 0:
+            return 1, r
+        if not live and slot >= 0 and stray < 0:
+            stray = r
+    return (0, -1) if stray < 0 else (2, stray)
+
+
 def check_soft_pins(m: "MasterService") -> None:
     t, o = m.store.soft_pins, m.objects
     _check_side_table(t, "soft_pin")
     hw = o.high_water
-    slot_of = t.slots_of(np.arange(hw))
-    flags = o.flags[:hw]
-    live = (flags & FLAG_LIVE) != 0
-    for bad, what in ((live & ((flags & SOFT_PIN_FLAGS) != 0) & (slot_of < 0),
-                       "is soft-pinned (or awaits its pin) without a deadline slot"),
-                      (~live & (slot_of >= 0), "is not a LIVE object but holds a soft-pin slot")):
-        if bad.any():
-            fail("soft_pin_row", f"{row_name(m, int(np.argmax(bad)))} {what}")
+    problem, r = _pin_rows(hw, o.flags, t.index, t.row)
+    if problem:
+        what = ("is soft-pinned (or awaits its pin) without a deadline slot" if problem == 1
+                else "is not a LIVE object but holds a soft-pin slot")
+        fail("soft_pin_row", f"{row_name(m, r)} {what}")
     held = np.flatnonzero(t.in_use)
     owner = t.row[held]
     found = (owner >= 0) & (owner < hw)
-    found[found] = slot_of[owner[found]] == held[found]
+    found[found] = t.slots_of(owner[found]) == held[found]
     lost = ~found
     if lost.any():
         fail("soft_pin_claim", f"soft-pin slot {int(held[lost][0])} is in use (owner row {int(owner[lost][0])}) "
@@ -303,20 +321,25 @@ def check_groups(m: "MasterService") -> None:
     if held.size and (held.min() < 0 or held.max() >= hw
                       or ((o.flags[held] & (FLAG_LIVE | FLAG_GROUPED)) != (FLAG_LIVE | FLAG_GROUPED)).any()):
         fail("group_member", f"the group table holds a code for {held.size} rows, not all of them grouped LIVE rows")
-    group = t.dense(*t.held(), hw)
-    group_next = np.full(hw, -1, np.int64)  # the member lists as a column: -1 where no slot
-    slots = np.flatnonzero(t.in_use)
-    group_next[t.row[slots]] = t.next[slots]
-    problem, r = _link_pass(hw, o.flags, group, group_next, n_groups, members, indegree)
-    if problem:
-        what = {1: f"has unknown group code {int(group[r])}",
-                2: f"links to row {int(group_next[r])}, not a LIVE member of its group {int(group[r])}"}[problem]
-        fail("group_member", f"{row_name(m, r)} {what}")
     grouped = (o.flags[:hw] & (FLAG_LIVE | FLAG_GROUPED)) == (FLAG_LIVE | FLAG_GROUPED)
-    bad = np.flatnonzero(grouped & (indegree != 1))
-    if bad.size:
-        r = int(bad[0])
-        fail("group_link", f"{row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
+    # no grouped row and no code held (the usual case): no member list, only the heads to check
+    # (_walk_groups reads the columns of groups with members only)
+    lists = bool(held.size) or bool(grouped.any())
+    n = hw if lists else 0
+    group = t.dense(*t.held(), n)
+    group_next = np.full(n, -1, np.int64)  # the member lists as a column: -1 where no slot
+    if lists:
+        slots = np.flatnonzero(t.in_use)
+        group_next[t.row[slots]] = t.next[slots]
+        problem, r = _link_pass(hw, o.flags, group, group_next, n_groups, members, indegree)
+        if problem:
+            what = {1: f"has unknown group code {int(group[r])}",
+                    2: f"links to row {int(group_next[r])}, not a LIVE member of its group {int(group[r])}"}[problem]
+            fail("group_member", f"{row_name(m, r)} {what}")
+        bad = np.flatnonzero(grouped & (indegree != 1))
+        if bad.size:
+            r = int(bad[0])
+            fail("group_link", f"{row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
     problem, g = _walk_groups(m.group_head, group_next, o.flags, group, members[:n_groups], hw)
     if problem:
         name = m.store.group_names[g] if g < n_groups else "?"

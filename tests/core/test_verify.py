@@ -353,6 +353,19 @@ def test_bulk_built_index_passes_the_lookup_pass_a_restore_leaves_out(tmp_path: 
         restored.verify()  # the lookup pass included
 
 
+def test_verify_checks_group_heads_when_no_row_is_grouped() -> None:
+    """With every member of a group removed no member list is built: a head left pointing at a
+    row is still named."""
+    m = _small(ManualClocks())
+    for i in range(3):
+        m.remove(f"g{i}", force=True)
+    m.verify()
+    m.group_head[0] = _row(m, "k0")
+    with pytest.raises(EngineInvariantError) as info:
+        m.verify()
+    assert info.value.check == "group_head", str(info.value)
+
+
 def test_verify_message_names_the_offending_key() -> None:
     m = _small(ManualClocks())
     _overlap_sorted(m)
