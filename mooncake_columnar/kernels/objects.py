@@ -44,53 +44,45 @@ _ST_DONE = int(ST_COMPLETE)
 _ST_EMPTY = int(ST_EMPTY)
 
 
-@njit(inline="always", cache=True)
-def _try_place(s, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts, out_seg, out_off):
-    """Try segment ``s`` once for this put; returns the new number of placed replicas."""
-    tried[s] = True
-    off = ak.alloc_first_fit(starts, lengths, counts, unit_bits, capacity, s, size)
-    if off < 0:
-        return placed
-    used[s] += ak.held_end(off, size, unit_bits[s], capacity[s]) - off
-    out_seg[placed] = s
-    out_off[placed] = off
-    return placed + 1
-
-
 @njit(cache=True)
-def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, used, starts, lengths, counts,
-               tried, out_seg, out_off):
-    """Allocate up to replica_num replicas on distinct segments: preferred first, then most free."""
+def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, used, starts, lengths, base,
+               counts, tried, out_seg, out_off):
+    """Allocate up to replica_num replicas on distinct segments: preferred first, then most free.
+    Returns how many were placed. (One allocation call site: each is typed and lowered.)"""
     nseg = allocatable.shape[0]
     tried[:] = False
     placed = 0
-    for p in range(preferred.shape[0]):
-        s = preferred[p]
-        if placed == replica_num:
-            break
-        if s >= 0 and not tried[s] and allocatable[s]:
-            placed = _try_place(s, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts,
-                                out_seg, out_off)
+    p = 0
     while placed < replica_num:
-        best = np.int64(-1)
+        s = np.int64(-1)
+        while s < 0 and p < preferred.shape[0]:
+            c = preferred[p]
+            p += 1
+            if c >= 0 and not tried[c] and allocatable[c]:
+                s = c
         best_free = -1
-        for s in range(nseg):
-            if allocatable[s] and not tried[s]:
-                free = capacity[s] - used[s]
+        for c in range(nseg if s < 0 else 0):
+            if allocatable[c] and not tried[c]:
+                free = capacity[c] - used[c]
                 if free >= size and free > best_free:
-                    best = s
+                    s = c
                     best_free = free
-        if best < 0:
+        if s < 0:
             break
-        placed = _try_place(best, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts,
-                            out_seg, out_off)
+        tried[s] = True
+        off = ak.alloc_first_fit(starts, lengths, base, counts, unit_bits, capacity, s, size)
+        if off >= 0:
+            used[s] += ak.held_end(off, size, unit_bits[s], capacity[s]) - off
+            out_seg[placed] = s
+            out_off[placed] = off
+            placed += 1
     return placed
 
 
 @njit(cache=True)
 def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
                      table, arena, arena_used, key_refs, row_tenant,
-                     allocatable, capacity, unit_bits, used, starts, lengths, counts,
+                     allocatable, capacity, unit_bits, used, starts, lengths, base, counts,
                      rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
                      codes, out_rows, ex_row, ex_seg, ex_off, ex_id):
     """Create objects for batch keys ``picks``; keys already present get ALREADY_EXISTS.
@@ -122,7 +114,7 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
             codes[k] = ALREADY_EXISTS
             continue
         placed = _place_one(sizes[k], replica_num, preferred, allocatable, capacity, unit_bits, used,
-                            starts, lengths, counts, tried, seg_buf, off_buf)
+                            starts, lengths, base, counts, tried, seg_buf, off_buf)
         if placed == 0:
             codes[k] = NO_HANDLE
             continue
