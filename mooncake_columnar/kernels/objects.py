@@ -50,7 +50,7 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, u
     """Allocate up to replica_num replicas on distinct segments: preferred first, then most free.
     Returns how many were placed. (One allocation call site: each is typed and lowered.)"""
     nseg = allocatable.shape[0]
-    tried[:] = False
+    tried[:] = 0
     placed = 0
     p = 0
     while placed < replica_num:
@@ -91,10 +91,11 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
     row's slots (a wide put) go to ``ex_*`` (object row, segment, byte offset, id) for the caller
     to place in continuation rows. Returns (rows used, new arena size, next replica id, extras).
     """
+    # scratch all int64 (tried: 0/1; hashes: their bits, cast back): one np.empty specialisation to compile
     seg_buf = np.empty(replica_num, np.int64)
     off_buf = np.empty(replica_num, np.int64)
-    tried = np.empty(allocatable.shape[0], np.bool_)
-    hashes = np.empty(_BLOCK, np.uint64)
+    tried = np.empty(allocatable.shape[0], np.int64)
+    hashes = np.empty(_BLOCK, np.int64)
     used_rows = 0
     extras = 0
     hot = rep_status.shape[1]
@@ -103,12 +104,13 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
         if t == 0:  # stage: hash a block and prefetch its home slots so the misses overlap
             for u in range(min(_BLOCK, picks.shape[0] - i)):
                 k = picks[i + u]
-                hashes[u] = hk.hash_key(data, offsets[k], offsets[k + 1] - offsets[k], tenant)
-                prefetch(table, hk.home_slot(hashes[u], table.shape[0]))
+                h = hk.hash_key(data, offsets[k], offsets[k + 1] - offsets[k], tenant)
+                hashes[u] = np.int64(h)
+                prefetch(table, hk.home_slot(h, table.shape[0]))
         k = picks[i]
         s = offsets[k]
         ln = offsets[k + 1] - s
-        h = hashes[t]
+        h = np.uint64(hashes[t])
         existing, slot = hk.find_or_empty_slot(table, arena, key_refs, row_tenant, data, s, ln, tenant, h)
         if existing >= 0:  # complete, in flight, or created by an earlier key of this batch
             codes[k] = ALREADY_EXISTS
@@ -172,29 +174,25 @@ def _complete_puts(rows, client, now, codes, flags, client_col, lease, soft_dead
             codes[i] = ILLEGAL_CLIENT
             continue
         f = flags[r]
-        if not is_put_in_flight(f):
-            all_complete = True
-            rr = r
-            while rr >= 0:
-                for j in range(rep_status.shape[1]):
-                    st = rep_status[rr, j]
-                    if slot_in_use(st) and not slot_is_complete(st):
-                        all_complete = False
-                rr = next_row(more, rr)
-            codes[i] = OK if all_complete else INVALID_WRITE
-            continue
+        in_flight = is_put_in_flight(f)
+        all_complete = True
         had_complete = False
         completed = 0
         rr = r
-        while rr >= 0:
+        while rr >= 0:  # one walk for both cases (each loop is typed and lowered)
             for j in range(rep_status.shape[1]):
                 st = rep_status[rr, j]
                 if slot_is_complete(st):
                     had_complete = True
-                elif slot_is_processing(st):
+                elif in_flight and slot_is_processing(st):
                     rep_status[rr, j] = _ST_DONE
                     completed += 1
+                elif slot_in_use(st):
+                    all_complete = False
             rr = next_row(more, rr)
+        if not in_flight:
+            codes[i] = OK if all_complete else INVALID_WRITE
+            continue
         done += completed
         slot = find_slot(inflight_index, inflight_owner, r)
         if has_pending_soft_pin(f) and not had_complete and completed > 0:
