@@ -253,12 +253,12 @@ def read_one(cols, key, tenant, now, ttl_ns):
             for j in range(rep_status.shape[1]):
                 if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
                     count += 1
-                    if count == 1:
+                    if count == 1:  # int() of int64 values: one specialisation of int() to compile
                         rid = int(cols.rep_id[rr, j])
-                        kind = int(rep_kind[rr, j])
-                        seg = int(rep_seg[rr, j])
-                        offset = int(cols.rep_offset[rr, j])
-                        size = int(cols.size_bytes[rr])
+                        kind = int(np.int64(rep_kind[rr, j]))
+                        seg = int(np.int64(rep_seg[rr, j]))
+                        offset = int(np.int64(cols.rep_offset[rr, j]))
+                        size = int(np.int64(cols.size_bytes[rr]))
             rr = next_row(more, rr)
     if count != 1:
         rid = np.uint64(0)

@@ -74,6 +74,8 @@ class FreeExtents(ArrayEpoch):
 
     def room_for(self, code: int, n: int) -> None:
         """Room for ``n`` extents in segment ``code``'s region."""
+        if n <= self.room[code]:  # the common case: no array made
+            return
         need = np.zeros(code + 1, np.int64)
         need[code] = n
         self.make_room(need)
@@ -99,6 +101,9 @@ class FreeExtents(ArrayEpoch):
         if not ascending:
             order = ak.order_by_segment_offset(segs, offsets)
             by_seg, offs, lens = segs[order], offsets[order], sizes[order]
-        self.make_room(self.count[:used.shape[0]] + np.bincount(by_seg, minlength=used.shape[0]))
+        if by_seg.size == 1:  # one remove: a scalar check
+            self.room_for(int(by_seg[0]), int(self.count[by_seg[0]]) + 1)
+        else:
+            self.make_room(self.count[:used.shape[0]] + np.bincount(by_seg, minlength=used.shape[0]))
         free_sorted = ak.free_sorted_small if small else ak.free_sorted
         return int(free_sorted(by_seg, offs, lens, *self.arrays(), used, unit_bits, capacity))
