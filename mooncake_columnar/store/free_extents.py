@@ -25,6 +25,7 @@ class FreeExtents(ArrayEpoch):
         self.base = np.zeros(segments, np.int64)
         self.room = np.zeros(segments, np.int64)
         self.count = np.zeros(segments, np.int64)
+        self.top = 0  # the pool's end in use: regions lie below it
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(start, length, base, count): the kernels' arguments (fetch again after make_room)."""
@@ -45,23 +46,27 @@ class FreeExtents(ArrayEpoch):
             setattr(self, name, grown)
 
     def make_room(self, need: np.ndarray) -> None:
-        """Room for ``need[c]`` extents in the region of each code c < ``need.size``: short regions
-        grow to at least twice their room, all regions copied into a new pool (amortised: a
-        region's room only doubles)."""
-        short = need > self.room[:need.size]
-        if not short.any():
+        """Room for ``need[c]`` extents in the region of each code c < ``need.size``. A short region
+        moves to the pool's end with at least twice its room; the pool doubles when full (one
+        copy of what is in use). Amortised linear: a region's room only doubles, and the space a
+        moved region leaves behind is less than the room of the regions that left it."""
+        short = np.flatnonzero(need > self.room[:need.size])
+        if not short.size:
             return
-        room = self.room.copy()
-        room[:need.size][short] = np.maximum(np.maximum(need[short], 2 * room[:need.size][short]), _MIN_ROOM)
-        base = np.zeros_like(room)
-        np.cumsum(room[:-1], out=base[1:])
-        start = np.empty(int(room.sum()), np.int64)
-        length = np.empty_like(start)
-        for c in np.flatnonzero(self.count).tolist():  # one iteration per segment with extents
-            n, old, new = int(self.count[c]), int(self.base[c]), int(base[c])
-            start[new:new + n] = self.start[old:old + n]
-            length[new:new + n] = self.length[old:old + n]
-        self.start, self.length, self.base, self.room = start, length, base, room
+        room = np.maximum(np.maximum(need[short], 2 * self.room[short]), _MIN_ROOM)
+        base = self.top + np.concatenate(([0], np.cumsum(room[:-1])))
+        top = self.top + int(room.sum())
+        if top > self.start.size:
+            size = max(top, 2 * self.start.size)
+            self.start, self.length = (np.concatenate((a[:self.top], np.empty(size - self.top, np.int64)))
+                                       for a in (self.start, self.length))
+        for c, b in zip(short.tolist(), base.tolist()):  # one iteration per segment that grows
+            lo, n = int(self.base[c]), int(self.count[c])
+            self.start[b:b + n] = self.start[lo:lo + n]
+            self.length[b:b + n] = self.length[lo:lo + n]
+        self.base[short] = base
+        self.room[short] = room
+        self.top = top
 
     def install(self, code: int, starts: np.ndarray, lengths: np.ndarray) -> None:
         """Make ``starts``/``lengths`` (copied) the free extents of segment ``code``."""
