@@ -231,8 +231,8 @@ def _take_extents(m: "MasterService", erased: np.ndarray, run: OpLogColumns, rep
     touched = np.unique(np.concatenate((old_seg, new_seg)))
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for code in touched.tolist():  # one iteration per segment
-        n, unit, cap = int(s.extent_counts[code]), s.unit_bits[code], s.capacity[code]
-        st, ln = s.extent_starts[code][:n], s.extent_lengths[code][:n]
+        unit, cap = s.unit_bits[code], s.capacity[code]
+        st, ln = s.extents.of(code)
         freed = old_seg == code
         if freed.any():  # the erased rows' held extents join the free list (coalesced)
             ends = ak.held_end(old_off[freed], old_size[freed], unit, cap)

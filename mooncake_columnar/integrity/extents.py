@@ -291,7 +291,7 @@ def _tile_sorted(starts, ends, bounds, capacity, allocatable, f_off, f_end, f_bo
 
 def check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each mounted segment's free list on its own. Returns the free extents of allocatable
-    segments as flat (starts, ends, per-segment bounds) for the tiling walk (a typed List read
+    segments as flat (starts, ends, per-segment bounds) for the tiling walk (a region lookup
     per replica would cost more than the walk itself), and the free bytes per segment code."""
     s = m.segments
     n = max(1, len(s.info))
@@ -300,11 +300,11 @@ def check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.nda
     for code, info in enumerate(s.info):  # one iteration per segment
         if info is None:
             continue
-        count, cap = int(s.extent_counts[code]), int(s.capacity[code])
-        st, ln = s.extent_starts[code], s.extent_lengths[code]
-        if not 0 <= count <= min(st.size, ln.size):
+        count, cap, ex = int(s.extents.count[code]), int(s.capacity[code]), s.extents
+        if not (0 <= count <= int(ex.room[code]) and 0 <= int(ex.base[code])
+                and int(ex.base[code]) + int(ex.room[code]) <= min(ex.start.size, ex.length.size)):
             fail("free_list", f"{seg_name(m, code)}: extent count {count} outside its buffers")
-        st, ln = st[:count], ln[:count]
+        st, ln = ex.of(code)
         end = st + ln
         problems = (("an empty or negative extent", ln <= 0),
                     ("an extent outside the capacity", (st < 0) | (end > cap)),

@@ -27,7 +27,7 @@ def check_segment_registry(m: "MasterService") -> None:
     s = m.segments
     for code, info in enumerate(s.info):  # one iteration per segment code
         if info is None:
-            if s.used[code] or s.extent_counts[code] or s.allocatable[code]:
+            if s.used[code] or s.extents.count[code] or s.allocatable[code]:
                 fail("segment_registry", f"unmounted segment code {code} keeps allocator state")
         elif s.by_name.get(info.name) != code or s.capacity[code] != info.size:
             fail("segment_registry", f"{seg_name(m, code)}: name index or capacity disagrees")

@@ -1,8 +1,9 @@
 """Offset allocation over sorted free extents (first fit), one extent list per segment.
 
-Extents of segment s live in ``starts[s][:counts[s]]`` / ``lengths[s][:counts[s]]`` sorted by
-start and never adjacent (frees coalesce). ``starts``/``lengths`` are numba typed Lists so one
-kernel can place a whole batch across segments.
+Extents of segment s live in ``starts/lengths[base[s]:base[s] + counts[s]]`` (flat arrays, one
+region per segment: store/free_extents.py, which makes room before a kernel here adds extents)
+sorted by start and never adjacent (frees coalesce), so one kernel can place a whole batch
+across segments.
 
 A replica holds whole allocation units of ``1 << unit_bits[s]`` bytes (:func:`held_end`), as
 upstream's allocator does, so no two replicas ever share a unit and a v1 rollback can always
@@ -11,53 +12,11 @@ express the layout. Segments up to 3.75 GiB have 1-byte units: byte-exact extent
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.typed import List
+from numba import njit
 
-from .dispatch import BATCH_MIN, variant
+from .dispatch import variant
 from .moves import move
 from .predicates import memory_segment
-
-
-_EXTENTS = types.int64[::1]
-
-
-@njit(cache=True)
-def new_extent_lists():
-    """Empty (starts, lengths) typed Lists. The lists are made and changed in cached kernels
-    (this one, :func:`grow_extent_lists`, :func:`free_whole_segment`, :func:`install_extents`):
-    Numba compiles its typed-List methods called from Python again in every process, cache or
-    not (about a second of a master's construction and first mount on this host)."""
-    return List.empty_list(_EXTENTS), List.empty_list(_EXTENTS)
-
-
-@njit(cache=True)
-def grow_extent_lists(starts, lengths, count):
-    """Append ``count`` empty extent arrays to each list."""
-    for _ in range(count):
-        starts.append(np.empty(8, np.int64))
-        lengths.append(np.empty(8, np.int64))
-
-
-@njit(cache=True)
-def free_whole_segment(starts, lengths, counts, s, size):
-    """One free extent covering segment ``s`` (a mount: its arrays hold at least one)."""
-    starts[s][0] = 0
-    lengths[s][0] = size
-    counts[s] = 1
-
-
-@njit(cache=True)
-def install_extents(starts, lengths, counts, s, st, ln):
-    """Make ``st``/``ln`` (copied, with room to grow) the free extents of segment ``s``."""
-    n = st.shape[0]
-    new_st = np.empty(n + max(8, n), np.int64)
-    new_ln = np.empty(n + max(8, n), np.int64)
-    move(new_st, 0, st, 0, n)
-    move(new_ln, 0, ln, 0, n)
-    starts[s] = new_st
-    lengths[s] = new_ln
-    counts[s] = n
 
 
 @njit(inline="always", cache=True)
@@ -82,38 +41,39 @@ def offset_shift(kind, seg, unit_bits):
 
 
 @njit(cache=True)
-def alloc_first_fit(starts, lengths, counts, unit_bits, capacity, s, size):
+def alloc_first_fit(starts, lengths, base, counts, unit_bits, capacity, s, size):
     """Allocate ``size`` bytes on segment ``s``; returns the offset or -1. The extent taken is
     the held one (whole units), so the next allocation starts on a unit boundary. Nothing is
     placed in a partial last unit (a capacity that is not a whole number of units): upstream's
     allocator only has ``capacity >> unit_bits`` units, so a v1 rollback could not express it."""
-    st = starts[s]
-    ln = lengths[s]
+    b = base[s]
     n = counts[s]
-    for i in range(n):
-        if ln[i] >= size:
-            off = st[i]
+    for i in range(b, b + n):
+        if lengths[i] >= size:
+            off = starts[i]
             held = held_end(off, size, unit_bits[s], capacity[s]) - off
-            if ln[i] < held or held & ((np.int64(1) << unit_bits[s]) - 1):
+            if lengths[i] < held or held & ((np.int64(1) << unit_bits[s]) - 1):
                 continue  # too short, or only the partial last unit: upstream cannot hold that
-            if ln[i] == held:
-                move(st, i, st, i + 1, n - 1 - i)
-                move(ln, i, ln, i + 1, n - 1 - i)
+            if lengths[i] == held:
+                move(starts, i, starts, i + 1, b + n - 1 - i)
+                move(lengths, i, lengths, i + 1, b + n - 1 - i)
                 counts[s] = n - 1
             else:
-                st[i] += held
-                ln[i] -= held
+                starts[i] += held
+                lengths[i] -= held
             return off
     return -1
 
 
 @njit(cache=True)
-def free_extent(starts, lengths, counts, used, unit_bits, capacity, s, offset, size):
+def free_extent(starts, lengths, base, counts, used, unit_bits, capacity, s, offset, size):
     """Return the extent held by a replica at ``offset`` of ``size`` bytes to segment ``s``,
-    coalescing neighbours, and take it off ``used[s]``. False (nothing changed) on overlap."""
-    st = starts[s]
-    ln = lengths[s]
+    coalescing neighbours, and take it off ``used[s]``. False (nothing changed) on overlap.
+    The region has room for one more extent (the caller made it)."""
+    b = base[s]
     n = counts[s]
+    st = starts[b:b + n + 1]
+    ln = lengths[b:b + n + 1]
     held = held_end(offset, size, unit_bits[s], capacity[s]) - offset
     pos = np.searchsorted(st[:n], offset)
     if pos > 0 and st[pos - 1] + ln[pos - 1] > offset:
@@ -133,15 +93,6 @@ def free_extent(starts, lengths, counts, used, unit_bits, capacity, s, offset, s
         st[pos] = offset
         ln[pos] += held
     else:
-        if n == st.shape[0]:
-            grown_st = np.empty(max(8, 2 * n), np.int64)
-            grown_ln = np.empty(max(8, 2 * n), np.int64)
-            move(grown_st, 0, st, 0, n)
-            move(grown_ln, 0, ln, 0, n)
-            starts[s] = grown_st
-            lengths[s] = grown_ln
-            st = grown_st
-            ln = grown_ln
         move(st, pos + 1, st, pos, n - pos)
         move(ln, pos + 1, ln, pos, n - pos)
         st[pos] = offset
@@ -152,54 +103,55 @@ def free_extent(starts, lengths, counts, used, unit_bits, capacity, s, offset, s
 
 
 @njit(cache=True, nogil=True)
-def _merge_free(starts, lengths, counts, s, offs, sizes, lo, hi, unit_bits, capacity):
+def _merge_free(starts, lengths, base, counts, s, offs, sizes, lo, hi, unit_bits, capacity):
     """Merge the held extents of the replicas offs/sizes[lo:hi] (sorted by offset) into segment
-    s's free list in one linear pass; returns the bytes freed.
+    s's free list in one linear pass (its region has room for ``hi - lo`` more); returns the
+    bytes freed.
 
     Returns -1 (and changes nothing) if any of them overlaps free space or each other.
     """
-    st = starts[s]
-    ln = lengths[s]
+    b = base[s]
     n = counts[s]
-    m = hi - lo
-    out_st = np.empty(max(8, n + m), np.int64)
-    out_ln = np.empty(max(8, n + m), np.int64)
+    out_st = np.empty(n + hi - lo, np.int64)
+    out_ln = np.empty(n + hi - lo, np.int64)
     k = 0
-    i = 0
+    i = b
     j = lo
     freed = 0
-    while i < n or j < hi:
-        if j >= hi or (i < n and st[i] < offs[j]):
-            a, b = st[i], ln[i]
+    while i < b + n or j < hi:
+        if j >= hi or (i < b + n and starts[i] < offs[j]):
+            a, w = starts[i], lengths[i]
             i += 1
         else:
             a = offs[j]
-            b = held_end(a, sizes[j], unit_bits[s], capacity[s]) - a
-            freed += b
+            w = held_end(a, sizes[j], unit_bits[s], capacity[s]) - a
+            freed += w
             j += 1
         if k > 0 and out_st[k - 1] + out_ln[k - 1] > a:
             return -1  # overlap: a double free or a corrupt extent
         if k > 0 and out_st[k - 1] + out_ln[k - 1] == a:
-            out_ln[k - 1] += b
+            out_ln[k - 1] += w
         else:
             out_st[k] = a
-            out_ln[k] = b
+            out_ln[k] = w
             k += 1
-    starts[s] = out_st
-    lengths[s] = out_ln
+    move(starts, b, out_st, 0, k)
+    move(lengths, b, out_ln, 0, k)
     counts[s] = k
     return freed
 
 
 @njit(cache=True, nogil=True)
-def _free_sorted(segs, offsets, sizes, starts, lengths, counts, used, unit_bits, capacity):
+def free_sorted(segs, offsets, sizes, starts, lengths, base, counts, used, unit_bits, capacity):
+    """Free the held extents of replicas sorted by (segment, offset), each segment's region with
+    room for its share; returns how many were rejected (a segment's all, on any overlap)."""
     bad = 0
     lo = 0
     while lo < segs.shape[0]:
         hi = lo
         while hi < segs.shape[0] and segs[hi] == segs[lo]:
             hi += 1
-        freed = _merge_free(starts, lengths, counts, segs[lo], offsets, sizes, lo, hi, unit_bits, capacity)
+        freed = _merge_free(starts, lengths, base, counts, segs[lo], offsets, sizes, lo, hi, unit_bits, capacity)
         if freed >= 0:
             used[segs[lo]] -= freed
         else:
@@ -236,26 +188,8 @@ def by_segment(segs, offsets, sizes, n_segments):
     return out_seg, out_off, out_len, ascending
 
 
-_by_segment_small = variant(by_segment, "_small", nogil=False)
-_free_sorted_small = variant(_free_sorted, "_small", nogil=False)
-
-
-def free_extent_list(segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, starts, lengths,
-                     counts: np.ndarray, used: np.ndarray, unit_bits: np.ndarray, capacity: np.ndarray) -> int:
-    """Free the held extents of many replicas (segment, offset, object size) at once: sorted per
-    segment, then merged linearly (one O(n + m) pass per segment instead of one array insertion
-    per extent). Returns how many were rejected."""
-    if segs.size == 0:
-        return 0
-    segs, offsets, sizes = (np.ascontiguousarray(a, np.int64) for a in (segs, offsets, sizes))
-    small = segs.size < BATCH_MIN  # one remove: keep the GIL (see :mod:`.dispatch`)
-    by_seg, offs, lens, ascending = (_by_segment_small if small else by_segment)(segs, offsets, sizes,
-                                                                                  used.shape[0])
-    if not ascending:
-        order = order_by_segment_offset(segs, offsets)
-        by_seg, offs, lens = segs[order], offsets[order], sizes[order]
-    free_sorted = _free_sorted_small if small else _free_sorted
-    return int(free_sorted(by_seg, offs, lens, starts, lengths, counts, used, unit_bits, capacity))
+by_segment_small = variant(by_segment, "_small", nogil=False)  # one remove: keeps the GIL (see .dispatch)
+free_sorted_small = variant(free_sorted, "_small", nogil=False)
 
 
 def order_by_segment_offset(segs: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -44,53 +44,45 @@ _ST_DONE = int(ST_COMPLETE)
 _ST_EMPTY = int(ST_EMPTY)
 
 
-@njit(inline="always", cache=True)
-def _try_place(s, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts, out_seg, out_off):
-    """Try segment ``s`` once for this put; returns the new number of placed replicas."""
-    tried[s] = True
-    off = ak.alloc_first_fit(starts, lengths, counts, unit_bits, capacity, s, size)
-    if off < 0:
-        return placed
-    used[s] += ak.held_end(off, size, unit_bits[s], capacity[s]) - off
-    out_seg[placed] = s
-    out_off[placed] = off
-    return placed + 1
-
-
 @njit(cache=True)
-def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, used, starts, lengths, counts,
-               tried, out_seg, out_off):
-    """Allocate up to replica_num replicas on distinct segments: preferred first, then most free."""
+def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, used, starts, lengths, base,
+               counts, tried, out_seg, out_off):
+    """Allocate up to replica_num replicas on distinct segments: preferred first, then most free.
+    Returns how many were placed. (One allocation call site: each is typed and lowered.)"""
     nseg = allocatable.shape[0]
-    tried[:] = False
+    tried[:] = 0
     placed = 0
-    for p in range(preferred.shape[0]):
-        s = preferred[p]
-        if placed == replica_num:
-            break
-        if s >= 0 and not tried[s] and allocatable[s]:
-            placed = _try_place(s, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts,
-                                out_seg, out_off)
+    p = 0
     while placed < replica_num:
-        best = np.int64(-1)
+        s = np.int64(-1)
+        while s < 0 and p < preferred.shape[0]:
+            c = preferred[p]
+            p += 1
+            if c >= 0 and not tried[c] and allocatable[c]:
+                s = c
         best_free = -1
-        for s in range(nseg):
-            if allocatable[s] and not tried[s]:
-                free = capacity[s] - used[s]
+        for c in range(nseg if s < 0 else 0):
+            if allocatable[c] and not tried[c]:
+                free = capacity[c] - used[c]
                 if free >= size and free > best_free:
-                    best = s
+                    s = c
                     best_free = free
-        if best < 0:
+        if s < 0:
             break
-        placed = _try_place(best, size, placed, tried, capacity, unit_bits, used, starts, lengths, counts,
-                            out_seg, out_off)
+        tried[s] = True
+        off = ak.alloc_first_fit(starts, lengths, base, counts, unit_bits, capacity, s, size)
+        if off >= 0:
+            used[s] += ak.held_end(off, size, unit_bits[s], capacity[s]) - off
+            out_seg[placed] = s
+            out_off[placed] = off
+            placed += 1
     return placed
 
 
 @njit(cache=True)
 def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
                      table, arena, arena_used, key_refs, row_tenant,
-                     allocatable, capacity, unit_bits, used, starts, lengths, counts,
+                     allocatable, capacity, unit_bits, used, starts, lengths, base, counts,
                      rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
                      codes, out_rows, ex_row, ex_seg, ex_off, ex_id):
     """Create objects for batch keys ``picks``; keys already present get ALREADY_EXISTS.
@@ -99,10 +91,11 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
     row's slots (a wide put) go to ``ex_*`` (object row, segment, byte offset, id) for the caller
     to place in continuation rows. Returns (rows used, new arena size, next replica id, extras).
     """
+    # scratch all int64 (tried: 0/1; hashes: their bits, cast back): one np.empty specialisation to compile
     seg_buf = np.empty(replica_num, np.int64)
     off_buf = np.empty(replica_num, np.int64)
-    tried = np.empty(allocatable.shape[0], np.bool_)
-    hashes = np.empty(_BLOCK, np.uint64)
+    tried = np.empty(allocatable.shape[0], np.int64)
+    hashes = np.empty(_BLOCK, np.int64)
     used_rows = 0
     extras = 0
     hot = rep_status.shape[1]
@@ -111,18 +104,19 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
         if t == 0:  # stage: hash a block and prefetch its home slots so the misses overlap
             for u in range(min(_BLOCK, picks.shape[0] - i)):
                 k = picks[i + u]
-                hashes[u] = hk.hash_key(data, offsets[k], offsets[k + 1] - offsets[k], tenant)
-                prefetch(table, hk.home_slot(hashes[u], table.shape[0]))
+                h = hk.hash_key(data, offsets[k], offsets[k + 1] - offsets[k], tenant)
+                hashes[u] = np.int64(h)
+                prefetch(table, hk.home_slot(h, table.shape[0]))
         k = picks[i]
         s = offsets[k]
         ln = offsets[k + 1] - s
-        h = hashes[t]
+        h = np.uint64(hashes[t])
         existing, slot = hk.find_or_empty_slot(table, arena, key_refs, row_tenant, data, s, ln, tenant, h)
         if existing >= 0:  # complete, in flight, or created by an earlier key of this batch
             codes[k] = ALREADY_EXISTS
             continue
         placed = _place_one(sizes[k], replica_num, preferred, allocatable, capacity, unit_bits, used,
-                            starts, lengths, counts, tried, seg_buf, off_buf)
+                            starts, lengths, base, counts, tried, seg_buf, off_buf)
         if placed == 0:
             codes[k] = NO_HANDLE
             continue
@@ -180,29 +174,25 @@ def _complete_puts(rows, client, now, codes, flags, client_col, lease, soft_dead
             codes[i] = ILLEGAL_CLIENT
             continue
         f = flags[r]
-        if not is_put_in_flight(f):
-            all_complete = True
-            rr = r
-            while rr >= 0:
-                for j in range(rep_status.shape[1]):
-                    st = rep_status[rr, j]
-                    if slot_in_use(st) and not slot_is_complete(st):
-                        all_complete = False
-                rr = next_row(more, rr)
-            codes[i] = OK if all_complete else INVALID_WRITE
-            continue
+        in_flight = is_put_in_flight(f)
+        all_complete = True
         had_complete = False
         completed = 0
         rr = r
-        while rr >= 0:
+        while rr >= 0:  # one walk for both cases (each loop is typed and lowered)
             for j in range(rep_status.shape[1]):
                 st = rep_status[rr, j]
                 if slot_is_complete(st):
                     had_complete = True
-                elif slot_is_processing(st):
+                elif in_flight and slot_is_processing(st):
                     rep_status[rr, j] = _ST_DONE
                     completed += 1
+                elif slot_in_use(st):
+                    all_complete = False
             rr = next_row(more, rr)
+        if not in_flight:
+            codes[i] = OK if all_complete else INVALID_WRITE
+            continue
         done += completed
         slot = find_slot(inflight_index, inflight_owner, r)
         if has_pending_soft_pin(f) and not had_complete and completed > 0:

@@ -258,12 +258,12 @@ def _read_one(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_
             for j in range(rep_status.shape[1]):
                 if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
                     count += 1
-                    if count == 1:
+                    if count == 1:  # int() of int64 values: one specialisation of int() to compile
                         rid = int(rep_id[rr, j])
-                        kind = int(rep_kind[rr, j])
-                        seg = int(rep_seg[rr, j])
-                        offset = int(rep_offset[rr, j])
-                        size = int(size_bytes[rr])
+                        kind = int(np.int64(rep_kind[rr, j]))
+                        seg = int(np.int64(rep_seg[rr, j]))
+                        offset = int(np.int64(rep_offset[rr, j]))
+                        size = int(np.int64(size_bytes[rr]))
             rr = next_row(more, rr)
     if count != 1:
         rid = np.uint64(0)

@@ -80,8 +80,8 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
     t_rebuild = time.perf_counter()
     rebuilt = free_space(o, seg, bits, int(matched), on)  # nothing installed until all rebuilt cleanly
     rebuild_s = time.perf_counter() - t_rebuild
-    saved = {c: (seg.extent_starts[c], seg.extent_lengths[c], int(seg.extent_counts[c]), int(seg.used[c]),
-                 seg.mounted(c)) for c in codes}
+    saved = {c: (seg.extents.of(c)[0].copy(), seg.extents.of(c)[1].copy(), int(seg.used[c]), seg.mounted(c))
+             for c in codes}
     try:
         step("replace_buffers")
         rebuilt.install(seg, codes)
@@ -92,16 +92,14 @@ def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, 
                                            req.segment_id or old.segment_id, req.host_id or old.host_id))
         step("verify")
         for code in codes:
-            n = int(seg.extent_counts[code])
-            free = int(seg.extent_lengths[code][:n].sum())
+            free = int(seg.extents.of(code)[1].sum())
             if free + int(seg.used[code]) != int(seg.capacity[code]):
                 raise EngineInvariantError("allocator_adds_up", f"segment {seg.mounted(code).name!r}: "
                                            "free and used bytes do not add up after the rebuild")
         step("assign")
     except BaseException:
-        for c, (st, ln, n, used, info) in saved.items():  # roll back: as if never attempted
-            seg.extent_starts[c], seg.extent_lengths[c] = st, ln
-            seg.extent_counts[c], seg.used[c] = n, used
+        for c, (st, ln, used, info) in saved.items():  # roll back: as if never attempted
+            seg.install_allocator(c, st, ln, used)
             seg.replace_info(c, info)
         raise
 

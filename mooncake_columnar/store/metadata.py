@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..errors import EngineInvariantError
-from ..kernels import allocation as ak
 from ..kernels import objects as ok
 from ..kernels.erase_guard import first_not_erasable
 from ..schema import (EMPTY_CODE, FLAG_GROUPED, KIND_LOCAL_DISK, KIND_MEMORY, MAX_CODES, ST_EMPTY, ST_PROCESSING,
@@ -141,7 +140,7 @@ class MetadataStore:
             picks, offsets, data, o.tenant.dtype.type(tenant), sizes, width, preferred, free_rows,
             self.keys.table, self.keys.arena, self.keys.arena_used, o.key_ref, o.tenant,
             seg.allocatable, seg.capacity, seg.unit_bits, seg.used,
-            seg.extent_starts, seg.extent_lengths, seg.extent_counts,
+            *seg.extents.arrays(),
             o.replica_segment, o.replica_offset, o.replica_status, o.replica_kind, o.replica_id,
             self.next_replica_id, codes, rows_out, *extra)
         o.release_rows(free_rows[used:])
@@ -185,8 +184,7 @@ class MetadataStore:
         segs, offs, lens, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes, o.replica_status,
                                                    o.replica_kind, o.replica_segment, o.replica_offset,
                                                    seg.unit_bits)
-        ak.free_extent_list(segs, offs, lens, seg.extent_starts, seg.extent_lengths, seg.extent_counts, seg.used,
-                            seg.unit_bits, seg.capacity)
+        seg.extents.free_many(segs, offs, lens, seg.used, seg.unit_bits, seg.capacity)
         return int(dropped)
 
     def drop_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
@@ -298,7 +296,6 @@ class MetadataStore:
         if not due.any():
             return 0
         seg = self.segments
-        ak.free_extent_list(d.seg[due], d.off[due], d.size[due], seg.extent_starts, seg.extent_lengths,
-                            seg.extent_counts, seg.used, seg.unit_bits, seg.capacity)
+        seg.extents.free_many(d.seg[due], d.off[due], d.size[due], seg.used, seg.unit_bits, seg.capacity)
         d.keep(~due)
         return int(due.sum())

@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import EngineInvariantError, InvalidParams, NameLimitExceeded, SegmentExtentsCorrupt
-from ..kernels import allocation as ak
 from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..kernels.predicates import memory_on_segment_mask
 from ..schema import MAX_CODES, SEGMENTS_ARROW_SCHEMA
 from .array_epoch import ArrayEpoch
+from .free_extents import FreeExtents
 from .upstream_ids import new_upstream_uuid
 
 
@@ -56,9 +56,7 @@ class SegmentTable(ArrayEpoch):
         # allocation unit 1 << unit_bits: upstream's for this capacity, so replicas never share one
         self.unit_bits = np.zeros(capacity, np.int64)
         self.used = np.zeros(capacity, np.int64)      # bytes held (whole units, ak.held_end)
-        self.extent_counts = np.zeros(capacity, np.int64)
-        self.extent_starts, self.extent_lengths = ak.new_extent_lists()  # numba typed Lists
-        ak.grow_extent_lists(self.extent_starts, self.extent_lengths, capacity)  # (so _grow's is compiled too)
+        self.extents = FreeExtents(capacity)
 
     def __len__(self) -> int:
         return len(self.by_name)
@@ -104,7 +102,7 @@ class SegmentTable(ArrayEpoch):
         self.capacity[code] = seg.size
         self.unit_bits[code] = multiplier_bits(np.int64(seg.size))
         self.used[code] = 0
-        ak.free_whole_segment(self.extent_starts, self.extent_lengths, self.extent_counts, code, seg.size)
+        self.extents.install(code, np.zeros(1, np.int64), np.full(1, seg.size, np.int64))
         self.readable[code] = readable
         # an unreadable (standby-restored) segment takes no new allocations until its remount
         self.allocatable[code] = readable
@@ -144,7 +142,7 @@ class SegmentTable(ArrayEpoch):
         self.info[code] = None
         self.readable[code] = False
         self.allocatable[code] = False
-        self.extent_counts[code] = 0
+        self.extents.count[code] = 0
         self.used[code] = 0
         self.capacity[code] = 0
         self.unit_bits[code] = 0
@@ -160,8 +158,7 @@ class SegmentTable(ArrayEpoch):
 
     def free(self, code: int, offset: int, size: int) -> None:
         """Free the extent held by a replica at ``offset`` of ``size`` bytes."""
-        if not ak.free_extent(self.extent_starts, self.extent_lengths, self.extent_counts, self.used,
-                              self.unit_bits, self.capacity, code, offset, size):
+        if not self.extents.free_one(self.used, self.unit_bits, self.capacity, code, offset, size):
             raise RuntimeError(f"double free of [{offset}, {offset + size}) on segment {self.info[code]}")
 
     def rebuild_allocator(self, code: int, offsets: np.ndarray, sizes: np.ndarray) -> None:
@@ -178,8 +175,7 @@ class SegmentTable(ArrayEpoch):
         self.install_allocator(code, starts[lo[code]:hi[code]], lengths[lo[code]:hi[code]], int(used[code]))
 
     def install_allocator(self, code: int, starts: np.ndarray, lengths: np.ndarray, used: int) -> None:
-        ak.install_extents(self.extent_starts, self.extent_lengths, self.extent_counts, code,
-                           np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64))
+        self.extents.install(code, starts, lengths)
         self.used[code] = used
 
     def _grow(self, need: int) -> None:
@@ -187,12 +183,12 @@ class SegmentTable(ArrayEpoch):
         if need <= cap:
             return
         new_cap = max(need, 2 * cap)
-        for name in ("readable", "allocatable", "capacity", "unit_bits", "used", "extent_counts"):
+        for name in ("readable", "allocatable", "capacity", "unit_bits", "used"):
             old = getattr(self, name)
             grown = np.zeros(new_cap, old.dtype)
             grown[:cap] = old
             setattr(self, name, grown)
-        ak.grow_extent_lists(self.extent_starts, self.extent_lengths, new_cap - cap)
+        self.extents.grow(new_cap)
 
 
 def offset_shifts(kind: np.ndarray | np.uint8, seg: np.ndarray, unit_bits: np.ndarray) -> np.ndarray:

@@ -54,8 +54,7 @@ def _put(m: MasterService, key: str, size: int) -> int:
 def _free_list(m: MasterService) -> list[tuple[int, int]]:
     seg = m.segments
     c = seg.code(SEG)
-    n = int(seg.extent_counts[c])
-    return list(zip(seg.extent_starts[c][:n].tolist(), seg.extent_lengths[c][:n].tolist()))
+    return list(zip(*(a.tolist() for a in seg.extents.of(c))))
 
 
 def _round_up(x: int, unit: int) -> int:
@@ -128,17 +127,17 @@ def test_the_partial_last_unit_is_never_allocated_but_a_restored_tail_extent_fre
     hold: nothing is placed there; an extent found there (a rebuild) is held up to the end."""
     t = SegmentTable()
     c = t.mount(Segment(SEG, "ep", CLIENT, BASE, BIG + 5))  # 8-byte units, a 5-byte tail
-    args = (t.extent_starts, t.extent_lengths, t.extent_counts, t.unit_bits, t.capacity, c)
+    args = (*t.extents.arrays(), t.unit_bits, t.capacity, c)
     assert ak.alloc_first_fit(*args, BIG) == 0
     assert ak.alloc_first_fit(*args, 6) == -1    # does not fit the 5 bytes left
     assert ak.alloc_first_fit(*args, 3) == -1    # fits, but only in the partial last unit
-    assert int(t.extent_counts[c]) == 1
+    assert int(t.extents.count[c]) == 1
     t.rebuild_allocator(c, np.array([0, BIG]), np.array([BIG, 3]))  # e.g. from a snapshot
-    assert int(t.extent_counts[c]) == 0 and int(t.used[c]) == BIG + 5
+    assert int(t.extents.count[c]) == 0 and int(t.used[c]) == BIG + 5
     t.free(c, BIG, 3)
     t.free(c, 0, BIG)
-    assert int(t.used[c]) == 0 and int(t.extent_counts[c]) == 1
-    assert (int(t.extent_starts[c][0]), int(t.extent_lengths[c][0])) == (0, BIG + 5)
+    assert int(t.used[c]) == 0 and int(t.extents.count[c]) == 1
+    assert [a.tolist() for a in t.extents.of(c)] == [[0], [BIG + 5]]
     with pytest.raises(RuntimeError, match="double free"):
         t.free(c, 8, 1)
 

@@ -159,21 +159,19 @@ def _discarded_overlap(m: MasterService) -> None:
 
 def _free_overlap(m: MasterService) -> None:
     s = m.segments  # the free tail extent grows back over the last held extent
-    n = int(s.extent_counts[0])
-    st, ln = s.extent_starts[0][:n].copy(), s.extent_lengths[0][:n].copy()
+    st, ln = (a.copy() for a in s.extents.of(0))
     st[-1] -= 10
     ln[-1] += 10
     s.install_allocator(0, st, ln, int(s.used[0]) - 10)
 
 
 def _free_gap(m: MasterService) -> None:
-    m.segments.extent_counts[0] -= 1  # the free tail extent forgotten: space neither held nor free
+    m.segments.extents.count[0] -= 1  # the free tail extent forgotten: space neither held nor free
 
 
 def _free_not_coalesced(m: MasterService) -> None:
     s = m.segments
-    n = int(s.extent_counts[0])
-    st, ln = s.extent_starts[0][:n], s.extent_lengths[0][:n]
+    st, ln = s.extents.of(0)
     half = int(ln[-1]) // 2
     s.install_allocator(0, np.r_[st[:-1], st[-1], st[-1] + half], np.r_[ln[:-1], half, ln[-1] - half],
                         int(s.used[0]))
@@ -252,7 +250,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[MasterService], None], str]] = {
     "discarded_on_unmounted_segment": (lambda m: (_discarded_overlap(m), m.store.discarded.seg.__setitem__(0, 9)),
                                        "replica_segment"),
     "free_list_not_coalesced": (_free_not_coalesced, "free_list"),
-    "free_list_empty_extent": (lambda m: m.segments.extent_lengths[0].__setitem__(0, 0), "free_list"),
+    "free_list_empty_extent": (lambda m: m.segments.extents.of(0)[1].__setitem__(0, 0), "free_list"),
     "overlap_sorted": (_overlap_sorted, "extent_overlap"),
     "overlap_streamed": (_overlap_streamed, "extent_overlap"),
     "discarded_overlaps_replica": (_discarded_overlap, "extent_overlap"),

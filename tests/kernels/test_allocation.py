@@ -20,15 +20,13 @@ def _allocated(sizes: list[int], segments: int) -> tuple[SegmentTable, np.ndarra
     for i, size in enumerate(sizes):
         s = i % segments
         segs.append(s)
-        offs.append(ak.alloc_first_fit(table.extent_starts, table.extent_lengths, table.extent_counts,
-                                       table.unit_bits, table.capacity, s, size))
+        offs.append(ak.alloc_first_fit(*table.extents.arrays(), table.unit_bits, table.capacity, s, size))
         table.used[s] += size
     return table, np.array(segs, np.int64), np.array(offs, np.int64), np.array(sizes, np.int64)
 
 
 def _free_list(table: SegmentTable, s: int) -> list[tuple[int, int]]:
-    n = int(table.extent_counts[s])
-    return list(zip(table.extent_starts[s][:n].tolist(), table.extent_lengths[s][:n].tolist()))
+    return list(zip(*(a.tolist() for a in table.extents.of(s))))
 
 
 @settings(max_examples=60, deadline=None)
@@ -42,21 +40,36 @@ def test_batch_free_in_any_order_matches_ascending_order(sizes, segments, data):
     for shuffle in (False, True):
         table, segs, offs, lens = _allocated(sizes, segments)
         order = np.array(picks) if shuffle else np.sort(picks)
-        assert ak.free_extent_list(segs[order], offs[order], lens[order], table.extent_starts,
-                                   table.extent_lengths, table.extent_counts, table.used,
-                                   table.unit_bits, table.capacity) == 0
+        assert table.extents.free_many(segs[order], offs[order], lens[order], table.used, table.unit_bits,
+                                       table.capacity) == 0
         results.append(([_free_list(table, s) for s in range(segments)], table.used[:segments].tolist()))
     assert results[0] == results[1]
     # freeing everything that is left restores one extent per segment
     table, segs, offs, lens = _allocated(sizes, segments)
-    ak.free_extent_list(segs, offs, lens, table.extent_starts, table.extent_lengths, table.extent_counts, table.used,
-                        table.unit_bits, table.capacity)
+    table.extents.free_many(segs, offs, lens, table.used, table.unit_bits, table.capacity)
     assert [_free_list(table, s) for s in range(segments)] == [[(0, 1 << 20)]] * segments
 
 
 def test_double_free_is_rejected_not_merged():
     table, segs, offs, lens = _allocated([100, 200], 1)
     again = np.array([0, 0], np.int64)
-    bad = ak.free_extent_list(segs[again], offs[again], lens[again], table.extent_starts, table.extent_lengths,
-                              table.extent_counts, table.used, table.unit_bits, table.capacity)
+    bad = table.extents.free_many(segs[again], offs[again], lens[again], table.used, table.unit_bits, table.capacity)
     assert bad == 2 and table.used[0] == 300
+
+
+def test_a_region_that_outgrows_its_room_keeps_every_segments_free_list():
+    """Freeing every other replica of segment 0 needs more room than its region has: the pool is
+    rebuilt, and both segments' free lists (and the one-at-a-time free path) come out exact."""
+    table, segs, offs, lens = _allocated([64] * 40, 2)
+    room = int(table.extents.room[0])
+    odd = np.flatnonzero(segs == 0)[::2]
+    assert table.extents.free_many(segs[odd], offs[odd], lens[odd], table.used, table.unit_bits,
+                                   table.capacity) == 0
+    assert int(table.extents.room[0]) > room
+    assert _free_list(table, 0) == [(int(o), 64) for o in offs[odd]] + [(64 * 20, (1 << 20) - 64 * 20)]
+    assert _free_list(table, 1) == [(64 * 20, (1 << 20) - 64 * 20)]
+    one = np.flatnonzero(segs == 1)[::2]
+    for o in offs[one]:
+        table.free(1, int(o), 64)
+    assert _free_list(table, 1) == [(int(o), 64) for o in offs[one]] + [(64 * 20, (1 << 20) - 64 * 20)]
+    assert _free_list(table, 0)[0] == (0, 64)

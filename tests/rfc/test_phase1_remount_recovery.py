@@ -82,7 +82,7 @@ def test_phase1_hard_pinned_objects_remain_hard_pinned(clocks):
 @pytest.mark.parametrize("step", ["locate", "rebuild_allocators", "replace_buffers", "verify", "assign"])
 def test_phase1_failed_remount_publishes_nothing_and_can_be_retried(clocks, step):
     m = promoted(clocks, objects=[("a", 1, {})])
-    before = m.segments.info[0], int(m.segments.extent_counts[0]), int(m.segments.used[0])
+    before = m.segments.info[0], int(m.segments.extents.count[0]), int(m.segments.used[0])
 
     def fail(name):
         if name == step:
@@ -92,7 +92,7 @@ def test_phase1_failed_remount_publishes_nothing_and_can_be_retried(clocks, step
         m.remount_segments("client0", [seg_dict(0, base=12345 << 20)])
     assert m.object_info("a").lease_deadline_ns == NEVER_LEASED          # no lease granted
     assert not m.segments.readable[0]                                     # invalid endpoint kept
-    assert (m.segments.info[0], int(m.segments.extent_counts[0]), int(m.segments.used[0])) == before
+    assert (m.segments.info[0], int(m.segments.extents.count[0]), int(m.segments.used[0])) == before
     assert m.ping("client0") == PingStatus.NEED_REMOUNT
     assert m.metrics.get("remount_failures") == 1
     m.remount_fault = None

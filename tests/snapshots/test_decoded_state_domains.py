@@ -351,8 +351,7 @@ def _standby() -> MasterService:
 def _fingerprint(m: MasterService) -> tuple:
     state = m.export_state().plain()
     s = m.segments
-    free = [(s.extent_starts[c][:n].tolist(), s.extent_lengths[c][:n].tolist(), int(s.used[c]))
-            for c, n in enumerate(s.extent_counts[:len(s.info)].tolist())]
+    free = [(*(a.tolist() for a in s.extents.of(c)), int(s.used[c])) for c in range(len(s.info))]
     return (state.objects.to_pylist(), state.replicas.to_pylist(), state.segments.to_pylist(),
             m.next_replica_id, free)
 

@@ -1,0 +1,114 @@
+"""FreeExtents: the free extents of every segment in two flat arrays (CSR-like regions).
+
+Segment s's free extents are ``start/length[base[s]:base[s] + count[s]]``, sorted by start and
+never adjacent (see :mod:`..kernels.allocation`); its region has room for ``room[s]``. Plain
+arrays rather than a list of arrays per segment: kernels take them as four ``int64[::1]``
+arguments, which Numba types and lowers far faster than typed-List methods (the first put of a
+fresh process compiles them). Kernels never grow a region: whoever may add extents makes room
+first (:meth:`FreeExtents.make_room`), here in Python, per segment (segments are few).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import allocation as ak
+from ..kernels.dispatch import BATCH_MIN
+from .array_epoch import ArrayEpoch
+
+_MIN_ROOM = 8
+
+
+class FreeExtents(ArrayEpoch):
+    def __init__(self, segments: int) -> None:
+        self.start = np.zeros(0, np.int64)
+        self.length = np.zeros(0, np.int64)
+        self.base = np.zeros(segments, np.int64)
+        self.room = np.zeros(segments, np.int64)
+        self.count = np.zeros(segments, np.int64)
+        self.top = 0  # the pool's end in use: regions lie below it
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(start, length, base, count): the kernels' arguments (fetch again after make_room)."""
+        return self.start, self.length, self.base, self.count
+
+    def of(self, code: int) -> tuple[np.ndarray, np.ndarray]:
+        """Segment ``code``'s free extents (starts, lengths): views into the pool."""
+        lo = int(self.base[code])
+        hi = lo + int(self.count[code])
+        return self.start[lo:hi], self.length[lo:hi]
+
+    def grow(self, segments: int) -> None:
+        """Entries for ``segments`` codes (new ones without extents or room)."""
+        for name in ("base", "room", "count"):
+            old = getattr(self, name)
+            grown = np.zeros(segments, np.int64)
+            grown[:old.size] = old
+            setattr(self, name, grown)
+
+    def make_room(self, need: np.ndarray) -> None:
+        """Room for ``need[c]`` extents in the region of each code c < ``need.size``. A short region
+        moves to the pool's end with at least twice its room; the pool doubles when full (one
+        copy of what is in use). Amortised linear: a region's room only doubles, and the space a
+        moved region leaves behind is less than the room of the regions that left it."""
+        short = np.flatnonzero(need > self.room[:need.size])
+        if not short.size:
+            return
+        room = np.maximum(np.maximum(need[short], 2 * self.room[short]), _MIN_ROOM)
+        base = self.top + np.concatenate(([0], np.cumsum(room[:-1])))
+        top = self.top + int(room.sum())
+        if top > self.start.size:
+            size = max(top, 2 * self.start.size)
+            self.start, self.length = (np.concatenate((a[:self.top], np.empty(size - self.top, np.int64)))
+                                       for a in (self.start, self.length))
+        for c, b in zip(short.tolist(), base.tolist()):  # one iteration per segment that grows
+            lo, n = int(self.base[c]), int(self.count[c])
+            self.start[b:b + n] = self.start[lo:lo + n]
+            self.length[b:b + n] = self.length[lo:lo + n]
+        self.base[short] = base
+        self.room[short] = room
+        self.top = top
+
+    def install(self, code: int, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Make ``starts``/``lengths`` (copied) the free extents of segment ``code``."""
+        n = len(starts)
+        self.room_for(code, n)
+        b = int(self.base[code])
+        self.start[b:b + n] = starts
+        self.length[b:b + n] = lengths
+        self.count[code] = n
+
+    def room_for(self, code: int, n: int) -> None:
+        """Room for ``n`` extents in segment ``code``'s region."""
+        if n <= self.room[code]:  # the common case: no array made
+            return
+        need = np.zeros(code + 1, np.int64)
+        need[code] = n
+        self.make_room(need)
+
+    def free_one(self, used: np.ndarray, unit_bits: np.ndarray, capacity: np.ndarray, code: int, offset: int,
+                 size: int) -> bool:
+        """Return the extent held by a replica at ``offset`` of ``size`` bytes to segment ``code``
+        (see :func:`..kernels.allocation.free_extent`); False (nothing changed) on overlap."""
+        self.room_for(code, int(self.count[code]) + 1)
+        return bool(ak.free_extent(*self.arrays(), used, unit_bits, capacity, code, offset, size))
+
+    def free_many(self, segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, used: np.ndarray,
+                  unit_bits: np.ndarray, capacity: np.ndarray) -> int:
+        """Free the held extents of many replicas (segment, offset, object size) at once: sorted per
+        segment, then merged linearly (one O(n + m) pass per segment instead of one array
+        insertion per extent). Returns how many were rejected."""
+        if segs.size == 0:
+            return 0
+        segs, offsets, sizes = (np.ascontiguousarray(a, np.int64) for a in (segs, offsets, sizes))
+        small = segs.size < BATCH_MIN  # one remove: keep the GIL (see :mod:`..kernels.dispatch`)
+        by_seg, offs, lens, ascending = (ak.by_segment_small if small else ak.by_segment)(segs, offsets, sizes,
+                                                                                          used.shape[0])
+        if not ascending:
+            order = ak.order_by_segment_offset(segs, offsets)
+            by_seg, offs, lens = segs[order], offsets[order], sizes[order]
+        if by_seg.size == 1:  # one remove: a scalar check
+            self.room_for(int(by_seg[0]), int(self.count[by_seg[0]]) + 1)
+        else:
+            self.make_room(self.count[:used.shape[0]] + np.bincount(by_seg, minlength=used.shape[0]))
+        free_sorted = ak.free_sorted_small if small else ak.free_sorted
+        return int(free_sorted(by_seg, offs, lens, *self.arrays(), used, unit_bits, capacity))
