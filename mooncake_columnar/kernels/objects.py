@@ -16,6 +16,7 @@ from .chains import next_row
 from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
 from .moves import move
+from .nrt_free import nrt_free
 from .prefetch import prefetch
 from .leases import commit_soft_pin, grant_until
 from .rowbits import bit, words_for
@@ -44,7 +45,7 @@ _ST_DONE = int(ST_COMPLETE)
 _ST_EMPTY = int(ST_EMPTY)
 
 
-@njit(cache=True)
+@nrt_free
 def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, used, starts, lengths, base,
                counts, tried, out_seg, out_off):
     """Allocate up to replica_num replicas on distinct segments: preferred first, then most free.
@@ -92,10 +93,22 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
     to place in continuation rows. Returns (rows used, new arena size, next replica id, extras).
     """
     # scratch all int64 (tried: 0/1; hashes: their bits, cast back): one np.empty specialisation to compile
-    seg_buf = np.empty(replica_num, np.int64)
-    off_buf = np.empty(replica_num, np.int64)
-    tried = np.empty(allocatable.shape[0], np.int64)
-    hashes = np.empty(_BLOCK, np.int64)
+    return _insert_into(np.empty(replica_num, np.int64), np.empty(replica_num, np.int64),
+                        np.empty(allocatable.shape[0], np.int64), np.empty(_BLOCK, np.int64),
+                        picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
+                        table, arena, arena_used, key_refs, row_tenant,
+                        allocatable, capacity, unit_bits, used, starts, lengths, base, counts,
+                        rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
+                        codes, out_rows, ex_row, ex_seg, ex_off, ex_id)
+
+
+@nrt_free
+def _insert_into(seg_buf, off_buf, tried, hashes, picks, offsets, data, tenant, sizes, replica_num, preferred,
+                 free_rows, table, arena, arena_used, key_refs, row_tenant,
+                 allocatable, capacity, unit_bits, used, starts, lengths, base, counts,
+                 rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
+                 codes, out_rows, ex_row, ex_seg, ex_off, ex_id):
+    """:func:`_insert_new_puts`' loop, given its scratch arrays (no reference counting: :mod:`.nrt_free`)."""
     used_rows = 0
     extras = 0
     hot = rep_status.shape[1]
@@ -156,7 +169,7 @@ def insert_new_puts(picks, *args):
     return _insert_new_puts_nogil(picks, *args)
 
 
-@njit(cache=True)
+@nrt_free
 def _complete_puts(rows, client, now, codes, flags, client_col, lease, soft_deadline, rep_status,
                    inflight_index, inflight_owner, pending_ttl, released, more):
     """put_end for many rows: PROCESSING -> COMPLETE, lease = max(lease, now), soft-pin commit.
