@@ -230,7 +230,7 @@ def _delete_in(table, want, home, stop):
     return 1
 
 
-@njit(cache=True)
+@nrt_free
 def delete_row(table, row, h):
     """Remove ``row`` and shift back the entries that probed past it."""
     return _delete_in(table, _slot_value(h, row), home_slot(h, table.shape[0]), -1) == 1
@@ -477,8 +477,12 @@ def delete_rows(table, rows, arena, key_refs, row_tenant) -> int:
 
 @njit(cache=True, nogil=True)
 def _delete_rows_serial(table, rows, arena, key_refs, row_tenant):
-    hs = np.empty(_BLOCK, np.uint64)
-    scratch = np.empty((3, _BLOCK), np.int64)
+    return _delete_rows_into(np.empty(_BLOCK, np.uint64), np.empty((3, _BLOCK), np.int64), table, rows, arena,
+                             key_refs, row_tenant)
+
+
+@nrt_free
+def _delete_rows_into(hs, scratch, table, rows, arena, key_refs, row_tenant):
     key_bytes = 0
     for b in range(0, rows.shape[0], _BLOCK):
         m, block_bytes = _stage_block(table, rows, b, arena, key_refs, row_tenant, hs, scratch)

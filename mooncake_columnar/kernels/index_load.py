@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import hashing as hk
+from .nrt_free import nrt_free
 
 # At most 1024 windows (128 KiB of table each at 16M slots), each at least 4096 slots.
 _MAX_WINDOWS = 1024
@@ -131,7 +132,7 @@ def _insert_windows(table, part_rows, part_tags, bounds, arena, key_refs, row_te
     return dup
 
 
-@njit(cache=True, nogil=True)
+@nrt_free
 def _insert_deferred(table, part_rows, part_tags, deferred, arena, key_refs, row_tenant):
     """The deferred rows, in window order, with unbounded probes; a row already present, or -1."""
     for i in range(part_rows.shape[0]):

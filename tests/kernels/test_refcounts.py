@@ -8,6 +8,7 @@ from numba import njit
 
 from mooncake_columnar import MasterConfig, MasterService
 from mooncake_columnar.kernels import hashing as hk
+from mooncake_columnar.kernels import objects as ok
 from mooncake_columnar.kernels import reads as rk
 from mooncake_columnar.store.keys import as_string_array, string_buffers
 from mooncake_columnar.testing.builders import MB
@@ -47,7 +48,7 @@ def test_the_check_sees_counts_that_an_inlined_helper_leaves_in_a_loop():
     assert sum(loop_refcounts(_verify_all).values()) > 0
 
 
-def test_serial_lookups_and_single_get_keep_no_reference_counts_in_their_loops():
+def test_serial_lookups_puts_and_removes_keep_no_reference_counts_in_their_loops():
     m = MasterService(MasterConfig())
     m.mount_segment("seg", endpoint="10.0.0.1:1", client_id="c0", base=1 << 40, size=64 * MB)
     keys = [f"key-{i}" for i in range(100)]
@@ -59,5 +60,7 @@ def test_serial_lookups_and_single_get_keep_no_reference_counts_in_their_loops()
     rows = hk._find_rows(index.table, index.arena, o.key_ref, o.tenant, offsets, data, np.array([0], o.tenant.dtype))
     assert (rows >= 0).all()
     assert hk.last_of_each_key(offsets, data, np.zeros(len(keys), o.tenant.dtype)).all()  # the standby's batch apply
-    for kernel in (hk._find_rows, rk.read_one, hk.last_of_each_key):
+    m.remove("key-3")
+    for kernel in (hk._find_rows, rk.read_one, hk.last_of_each_key, ok._insert_new_puts, ok._complete_puts,
+                   ok._place_one, hk._delete_rows_small):
         assert loop_refcounts(kernel) == {}, kernel.py_func.__name__
