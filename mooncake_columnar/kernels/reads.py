@@ -139,31 +139,15 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     spans = (blocks + per_span - 1) // per_span if blocks else 0
     rows = np.full(n if want_replicas else 0, -1, np.int64)  # of the OK keys, for the descriptors
     span_count = np.zeros(spans + 1, np.int64)
+    hs = np.empty((spans, _BLOCK), np.uint64)
+    cand = np.empty((spans, _BLOCK), np.int64)
+    # each span's loops are a call without reference counting (:mod:`.nrt_free`): lowered here,
+    # the per-key helpers' array references cost atomic counts per key
     for c in prange(spans):
-        hs = np.empty(_BLOCK, np.uint64)
-        cand = np.empty(_BLOCK, np.int64)
-        for blk in range(c * per_span, min(blocks, (c + 1) * per_span)):
-            b = blk * _BLOCK
-            m = min(_BLOCK, n - b)
-            hk.locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand)
-            _prefetch_rows(m, cand, flags, lease, rep_status, rep_kind, rep_seg)
-            for t in range(m):
-                i = b + t
-                r = hk.verified_row(i, cand[t], arena, key_refs, row_tenant, offsets, data, tenants)
-                if r == hk.PROBE_ON:
-                    s = offsets[i]
-                    r = hk.find_row(table, arena, key_refs, row_tenant, data, s, offsets[i + 1] - s,
-                                    hk.tenant_at(tenants, i), hs[t])
-                code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
-                codes[i] = code
-                if code != OK:
-                    continue
-                if grant_read_lease(r, now, ttl_ns, lease, flags):
-                    grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
-                if want_replicas:
-                    rows[i] = r
-            if want_replicas:  # the block's rows are in cache now
-                span_count[c + 1] += _readable_count(b, m, rows, rep_status, rep_kind, rep_seg, seg_readable, more)
+        span_count[c + 1] = _classify_span(c, c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), hs, cand,
+                                           table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns,
+                                           flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable,
+                                           more, want_replicas, codes, rows)
     for c in range(spans):
         span_count[c + 1] += span_count[c]
     total = span_count[spans]
@@ -172,30 +156,71 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     out_seg = np.empty(total, np.int64)
     out_addr = np.empty(total, np.int64)
     out_size = np.empty(total, np.int64)
-    other = seg_base.shape[0] - 1
     for c in prange(spans if want_replicas else 0):
-        k = span_count[c]
-        for blk in range(c * per_span, min(blocks, (c + 1) * per_span)):
-            b = blk * _BLOCK
-            m = min(_BLOCK, n - b)
-            _prefetch_rows(m, rows[b:], flags, lease, rep_status, rep_kind, rep_seg)
-            _prefetch_descriptors(m, rows[b:], size_bytes, rep_id, rep_offset)
-            for i in range(b, b + m):
-                rr = rows[i]
-                while rr >= 0:
-                    for j in range(rep_status.shape[1]):
-                        kind = rep_kind[rr, j]
-                        if not is_readable_replica(rep_status[rr, j], kind, rep_seg[rr, j], seg_readable):
-                            continue
-                        s = rep_seg[rr, j] if kind == _MEM_KIND else other
-                        out_i[k] = i
-                        out_id[k] = rep_id[rr, j]
-                        out_seg[k] = s
-                        out_addr[k] = seg_base[s] + (np.int64(rep_offset[rr, j]) << seg_unit_bits[s])
-                        out_size[k] = size_bytes[rr]
-                        k += 1
-                    rr = next_row(more, rr)
+        _describe_span(c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), span_count[c], rows, flags,
+                       lease, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
+                       seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size)
     return out_i, out_id, out_seg, out_addr, out_size
+
+
+@nrt_free
+def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_tenant, offsets, data, tenants, now,
+                   ttl_ns, flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable, more, want_replicas,
+                   codes, rows):
+    """:func:`_read_batch`'s first pass over keys lo..hi (whole blocks) of span ``c`` (its
+    scratch rows of ``span_hs``/``span_cand``: views taken here count no references): codes,
+    leases, rows; returns their readable replicas."""
+    hs, cand = span_hs[c], span_cand[c]
+    count = 0
+    for b in range(lo, hi, _BLOCK):
+        m = min(_BLOCK, hi - b)
+        hk.locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand)
+        _prefetch_rows(m, cand, flags, lease, rep_status, rep_kind, rep_seg)
+        for t in range(m):
+            i = b + t
+            r = hk.verified_row(i, cand[t], arena, key_refs, row_tenant, offsets, data, tenants)
+            if r == hk.PROBE_ON:
+                s = offsets[i]
+                r = hk.find_row(table, arena, key_refs, row_tenant, data, s, offsets[i + 1] - s,
+                                hk.tenant_at(tenants, i), hs[t])
+            code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
+            codes[i] = code
+            if code != OK:
+                continue
+            if grant_read_lease(r, now, ttl_ns, lease, flags):
+                grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
+            if want_replicas:
+                rows[i] = r
+        if want_replicas:  # the block's rows are in cache now
+            count += _readable_count(b, m, rows, rep_status, rep_kind, rep_seg, seg_readable, more)
+    return count
+
+
+@nrt_free
+def _describe_span(lo, hi, k, rows, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
+                   rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size):
+    """:func:`_read_batch`'s second pass over keys lo..hi: their readable replicas' descriptors,
+    from output slot ``k`` on."""
+    other = seg_base.shape[0] - 1
+    for b in range(lo, hi, _BLOCK):
+        m = min(_BLOCK, hi - b)
+        _prefetch_rows(m, rows[b:], flags, lease, rep_status, rep_kind, rep_seg)
+        _prefetch_descriptors(m, rows[b:], size_bytes, rep_id, rep_offset)
+        for i in range(b, b + m):
+            rr = rows[i]
+            while rr >= 0:
+                for j in range(rep_status.shape[1]):
+                    kind = rep_kind[rr, j]
+                    if not is_readable_replica(rep_status[rr, j], kind, rep_seg[rr, j], seg_readable):
+                        continue
+                    s = rep_seg[rr, j] if kind == _MEM_KIND else other
+                    out_i[k] = i
+                    out_id[k] = rep_id[rr, j]
+                    out_seg[k] = s
+                    out_addr[k] = seg_base[s] + (np.int64(rep_offset[rr, j]) << seg_unit_bits[s])
+                    out_size[k] = size_bytes[rr]
+                    k += 1
+                rr = next_row(more, rr)
 
 
 _read_batch_parallel = variant(_read_batch, "_parallel", nogil=True, parallel=True)

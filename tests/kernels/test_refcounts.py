@@ -61,6 +61,7 @@ def test_serial_lookups_puts_and_removes_keep_no_reference_counts_in_their_loops
     assert (rows >= 0).all()
     assert hk.last_of_each_key(offsets, data, np.zeros(len(keys), o.tenant.dtype)).all()  # the standby's batch apply
     m.remove("key-3")
+    assert (m.batch_get_replica_list(keys[10:60]).codes == 0).all()  # a small batch: the serial read
     for kernel in (hk._find_rows, rk.read_one, hk.last_of_each_key, ok._insert_new_puts, ok._complete_puts,
-                   ok._place_one, hk._delete_rows_small):
+                   ok._place_one, hk._delete_rows_small, rk._read_batch):
         assert loop_refcounts(kernel) == {}, kernel.py_func.__name__
