@@ -14,7 +14,7 @@ miss (about 200 ns per key at 10M keys here). The bulk build instead:
 
 Linear probing without deletes accepts any insertion order (each row lands in the first empty slot
 of its probe run at insert time), so the table answers lookups (and deletes) exactly like one built
-by ``hashing.insert_rows_unique``; only the slot placement inside a cluster may differ. Every insert
+by ``index_rows.insert_rows_unique``; only the slot placement inside a cluster may differ. Every insert
 checks for its (tenant, key) first: equal keys share a home slot, hence a window (or both are
 deferred), so a (tenant, key) already present is reported instead of inserted: the build is the
 uniqueness check of a loaded state.
@@ -144,7 +144,7 @@ def _insert_deferred(table, part_rows, part_tags, deferred, arena, key_refs, row
 
 def bulk_insert_unique(table: np.ndarray, rows: np.ndarray, arena: np.ndarray, key_refs: np.ndarray,
                        row_tenant: np.ndarray) -> int:
-    """``hashing.insert_rows_unique`` for many rows: insert ``rows`` (keys in ``arena`` via
+    """``index_rows.insert_rows_unique`` for many rows: insert ``rows`` (keys in ``arena`` via
     ``key_refs``, tenants in ``row_tenant``) into ``table``; returns the index into ``rows`` of
     a row whose (tenant, key) was already present (then the table holds an unspecified subset of
     the rows: the caller discards it), or -1. Rows go in batches of _BATCH_ROWS: the

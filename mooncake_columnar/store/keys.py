@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ..kernels import arena as arena_k
 from ..kernels import hashing as hk
+from ..kernels import index_rows
 from .array_epoch import ArrayEpoch
 from .growth import ArenaCompaction, ArenaGrowth, GrowthJob, TableRehash, run_job
 from .objects import ObjectTable
@@ -102,7 +103,7 @@ class KeyIndex(ArrayEpoch):
 
     def remove(self, rows: np.ndarray) -> None:
         o = self.objects
-        self.arena_garbage += hk.delete_rows(self.table, rows, self.arena, o.key_ref, o.tenant)
+        self.arena_garbage += index_rows.delete_rows(self.table, rows, self.arena, o.key_ref, o.tenant)
         self.count -= rows.size
 
     def key_buffers_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import hashing as hk
+from mooncake_columnar.kernels import index_rows
 from mooncake_columnar.store.keys import KeyIndex, as_string_array, string_buffers
 from mooncake_columnar.store.objects import ObjectTable
 
@@ -34,7 +35,7 @@ def test_key_index_matches_dict_under_churn(ops):
             index.reserve(1, len(key))
             index.arena[index.arena_used:index.arena_used + len(key)] = data
             objects.key_ref[row] = hk.key_ref(index.arena_used, len(key))
-            assert hk.insert_rows_unique(index.table, row, index.arena, objects.key_ref, objects.tenant) == -1
+            assert index_rows.insert_rows_unique(index.table, row, index.arena, objects.key_ref, objects.tenant) == -1
             index.note_inserted(1, index.arena_used + len(key))
             model[(tenant, key)] = int(row[0])
         elif not insert and found >= 0:
@@ -63,7 +64,7 @@ def _index_with_keys(n: int, tenants: int, capacity: int) -> tuple[KeyIndex, Obj
     index.reserve(n, int(offsets[-1]))
     index.arena[: offsets[-1]] = data[: offsets[-1]]
     objects.key_ref[rows] = (offsets[:-1] << hk.KEY_LENGTH_BITS) | np.diff(offsets)
-    assert hk.insert_rows_unique(index.table, rows, index.arena, objects.key_ref, objects.tenant) == -1
+    assert index_rows.insert_rows_unique(index.table, rows, index.arena, objects.key_ref, objects.tenant) == -1
     index.note_inserted(n, int(offsets[-1]))
     return index, objects, keys, tenant
 
@@ -78,7 +79,7 @@ def test_bulk_delete_across_region_boundaries_matches_one_by_one(seed, fraction)
     assert index.table.shape[0] == 14667
     rng = np.random.default_rng(seed)
     doomed = np.sort(rng.choice(n, int(n * fraction), replace=False)).astype(np.int64)
-    assert doomed.size >= hk._PARALLEL_DELETE_MIN
+    assert doomed.size >= index_rows._PARALLEL_DELETE_MIN
     index.remove(doomed)
     offsets, data = string_buffers(keys)
     found = index.lookup_batch(offsets, data, tenant)
@@ -115,7 +116,7 @@ def test_index_table_stays_between_68_and_85_percent_full_as_it_grows():
             data[offsets[lo]:offsets[lo + 1000]]
         objects.key_ref[rows] = ((offsets[lo:lo + 1000] - offsets[lo] + index.arena_used) << hk.KEY_LENGTH_BITS) \
             | np.diff(offsets[lo:lo + 1001])
-        assert hk.insert_rows_unique(index.table, rows, index.arena, objects.key_ref, objects.tenant) == -1
+        assert index_rows.insert_rows_unique(index.table, rows, index.arena, objects.key_ref, objects.tenant) == -1
         index.note_inserted(1000, index.arena_used + int(offsets[lo + 1000] - offsets[lo]))
         assert 0.6 <= index.count / index.table.shape[0] <= 0.85  # (the first batch: 1000 keys in 16 slots)
     assert index.table.nbytes / index.count <= 8 / 0.68

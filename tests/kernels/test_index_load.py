@@ -1,5 +1,5 @@
 """kernels/index_load.py: the bulk-built key index answers lookups, inserts and deletes exactly
-like one built by hashing.insert_rows_unique, and reports duplicates instead of indexing them."""
+like one built by index_rows.insert_rows_unique, and reports duplicates instead of indexing them."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mooncake_columnar.kernels import hashing as hk
+from mooncake_columnar.kernels import index_rows
 from mooncake_columnar.kernels import rebuild
 from mooncake_columnar.kernels.index_load import (
     bulk_insert_unique,
@@ -46,7 +47,7 @@ def test_bulk_index_answers_like_sequential_inserts(n: int) -> None:
     rows = np.random.default_rng(1).permutation(n).astype(np.int64)
     bulk, seq = _table(n), _table(n)
     assert bulk_insert_unique(bulk, rows, arena, refs, tenants) == -1
-    assert hk.insert_rows_unique(seq, rows, arena, refs, tenants) == -1
+    assert index_rows.insert_rows_unique(seq, rows, arena, refs, tenants) == -1
     assert np.array_equal(np.sort(bulk), np.sort(seq))  # the same entries, maybe other slots
     for table in (bulk, seq):
         assert np.array_equal(hk.find_rows(table, arena, refs, tenants, offsets, arena, tenants), np.arange(n))
@@ -54,7 +55,7 @@ def test_bulk_index_answers_like_sequential_inserts(n: int) -> None:
     assert (hk.find_rows(bulk, arena, refs, tenants, offsets, arena, tenants + 7) == -1).all()
     # deletes shift back correctly in the bulk-built table too
     gone = rows[: n // 2]
-    hk.delete_rows(bulk, gone, arena, refs, tenants)
+    index_rows.delete_rows(bulk, gone, arena, refs, tenants)
     found = hk.find_rows(bulk, arena, refs, tenants, offsets, arena, tenants)
     expect = np.arange(n)
     expect[gone] = -1

@@ -8,6 +8,7 @@ from numba import njit
 
 from mooncake_columnar import MasterConfig, MasterService
 from mooncake_columnar.kernels import hashing as hk
+from mooncake_columnar.kernels import index_rows
 from mooncake_columnar.kernels import objects as ok
 from mooncake_columnar.kernels import reads as rk
 from mooncake_columnar.store.keys import as_string_array, string_buffers
@@ -63,5 +64,5 @@ def test_serial_lookups_puts_and_removes_keep_no_reference_counts_in_their_loops
     m.remove("key-3")
     assert (m.batch_get_replica_list(keys[10:60]).codes == 0).all()  # a small batch: the serial read
     for kernel in (hk._find_rows, rk.read_one, hk.last_of_each_key, ok._insert_new_puts, ok._complete_puts,
-                   ok._place_one, hk._delete_rows_small, rk._read_batch):
+                   ok._place_one, index_rows._delete_rows_small, rk._read_batch):
         assert loop_refcounts(kernel) == {}, kernel.py_func.__name__
