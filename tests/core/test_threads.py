@@ -14,7 +14,7 @@ import pytest
 from mooncake_columnar import ErrorCode, ManualClocks, MasterConfig, MasterService
 from mooncake_columnar import batching, locking
 from mooncake_columnar.errors import ObjectNotFound
-from mooncake_columnar.kernels import hashing as hk
+from mooncake_columnar.kernels import index_rows
 from mooncake_columnar.kernels import objects as ok
 from mooncake_columnar.locking import MasterLock
 from mooncake_columnar.tools.synthetic import fill, mount_segments, synthetic_keys
@@ -226,7 +226,7 @@ def test_threads_single_key_calls_take_no_parallel_kernel(monkeypatch: pytest.Mo
         raise AssertionError("parallel kernel on a single-key path")
 
     monkeypatch.setattr(ok, "_clear_slots_parallel", refuse)
-    monkeypatch.setattr(hk, "_delete_rows_parallel", refuse)
+    monkeypatch.setattr(index_rows, "_delete_rows_parallel", refuse)
     m = _master(1000)
     for i in range(50):
         k = f"single-{i}"
