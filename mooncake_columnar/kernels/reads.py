@@ -26,6 +26,7 @@ from .leases import grant_group_read_lease, grant_read_lease
 from .nrt_free import nrt_free
 from .predicates import is_readable_replica, slot_in_use, slot_is_removed
 from .prefetch import prefetch
+from .read_columns import columns_at
 
 OK = int(ErrorCode.OK)
 NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
@@ -239,23 +240,23 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
 
 
 @njit(cache=True)
-def read_one(cols, key, tenant, now, ttl_ns):
+def read_one(columns, key, tenant, now, ttl_ns):
     """Single-key get_replica_list and exist_key: ``(code, row, group, count, replica_id, kind,
-    segment, offset, size)`` with the lease granted on OK. ``cols``: the columns as one object
-    (kernels/read_columns.py: one pointer to unbox, not 14 arrays). ``group``: the caller grants
-    the group's lease (leases.grant_group_read_lease over the group table's arrays, which only
-    grouped objects need). ``offset``: the offset column's value, see allocation.offset_shift.
-    ``count``: the object's readable replicas (on OK); when it is 1, the rest are that
-    replica's slot values (its row's size), so the caller builds its one descriptor without
-    reading the columns again (else they are 0). ``key``: the key's bytes (a ``bytes`` object:
-    no NumPy array per call); nothing is allocated either."""
+    segment, offset, size)`` with the lease granted on OK. ``columns``: the address of the
+    columns' table (kernels/read_columns.py: one integer to unbox, not 14 arrays). ``group``: the
+    caller grants the group's lease (leases.grant_group_read_lease over the group table's arrays,
+    which only grouped objects need). ``offset``: the offset column's value, see
+    allocation.offset_shift. ``count``: the object's readable replicas (on OK); when it is 1, the
+    rest are that replica's slot values (its row's size), so the caller builds its one descriptor
+    without reading the columns again (else they are 0). ``key``: the key's bytes (a ``bytes``
+    object: no NumPy array per call); nothing is allocated either."""
     # the key as a put's key buffer (store/keys.py: a read-only uint8 view, no copy) from offset
     # int64 0, and the tenant as its column's dtype: the lookup then reuses the hash and probe that
     # the put path compiled for those types, not specialisations of its own (empty Numba cache)
-    c = cols
-    return _read_one(c.table, c.arena, c.key_refs, c.row_tenant, c.flags, c.lease, c.rep_status, c.rep_kind,
-                     c.rep_seg, c.seg_readable, c.more, c.rep_id, c.rep_offset, c.size_bytes,
-                     np.frombuffer(key, np.uint8), _TENANT(tenant), now, ttl_ns)
+    (table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
+     rep_offset, size_bytes) = columns_at(columns)
+    return _read_one(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable,
+                     more, rep_id, rep_offset, size_bytes, np.frombuffer(key, np.uint8), _TENANT(tenant), now, ttl_ns)
 
 
 @nrt_free

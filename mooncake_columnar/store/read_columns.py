@@ -1,12 +1,13 @@
 """The single-key read kernel bound to a store's current columns.
 
-kernels/reads.read_one takes the columns as one object (kernels/read_columns.py), built from
-the arrays the store holds at that moment. The store replaces arrays when it grows (columns,
-replica slots and chains, key table, arena, segment table) or compacts the arena; a read
-through an object built before would see the old arrays. So every read first checks that no
-array of the store's holders was replaced since the object was built (store/array_epoch.py: one
-integer comparison, where testing each of the 14 arrays was a tenth of the read) and builds a
-new object when one was: no path that replaces an array has to remember to say so.
+kernels/reads.read_one takes the columns as the address of one table (kernels/read_columns.py),
+built from the arrays the store holds at that moment; the reader keeps those arrays alive. The
+store replaces arrays when it grows (columns, replica slots and chains, key table, arena,
+segment table) or compacts the arena; a read through a table built before would see the old
+arrays. So every read first checks that no array of the store's holders was replaced since the
+table was built (store/array_epoch.py: one integer comparison, where testing each of the 14
+arrays was a tenth of the read) and builds a new table when one was: no path that replaces an
+array has to remember to say so.
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from operator import is_
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+from numba import config
 
 from ..kernels import reads as rk
 from ..kernels.dispatch import compiled
-from ..kernels.read_columns import FIELDS, read_columns
+from ..kernels.read_columns import FIELDS, column_table
 from .array_epoch import ArrayEpoch
 
 if TYPE_CHECKING:
@@ -26,14 +28,15 @@ if TYPE_CHECKING:
 
 class SingleKeyReader:
     """``read(key bytes, tenant code, now, ttl_ns)``: kernels/reads.read_one on the store's
-    columns. Between reads the object keeps the arrays it was built from alive; :meth:`release`
-    drops it when they were replaced (the master's background round calls it)."""
+    columns. Between reads the object keeps the arrays its column table describes alive;
+    :meth:`release` drops them when they were replaced (the master's background round calls it)."""
 
     def __init__(self, store: "MetadataStore") -> None:
         self._store = store
-        self._built_from: tuple[Any, ...] = (None,) * len(FIELDS)  # _columns' arrays, in FIELDS order
-        self._columns: Any = None
-        self._epoch = -1  # ArrayEpoch.replaced when _columns was built (-1: never)
+        self._built_from: tuple[Any, ...] = (None,) * len(FIELDS)  # the table's arrays, in FIELDS order
+        self._table: np.ndarray | None = None  # their column table (kept alive with them)
+        self._address = 0  # ... its address, read_one's argument
+        self._epoch = -1  # ArrayEpoch.replaced when the table was built (-1: never)
         self._kernel: Callable[..., tuple] = rk.read_one
 
     def sources(self) -> tuple[np.ndarray, ...]:
@@ -53,24 +56,30 @@ class SingleKeyReader:
         holds the master lock."""
         if ArrayEpoch.replaced != self._epoch:  # some holder's array was replaced: maybe ours
             self._refresh()
-        return self._kernel(self._columns, key, tenant, now, ttl_ns)
+        return self._kernel(self._address, key, tenant, now, ttl_ns)
 
     def release(self) -> None:
-        """Drop the object when the store replaced one of its arrays (the old ones are freed
-        now, not at the next read)."""
-        if self._columns is not None and not self.current():
-            self._columns, self._built_from, self._epoch = None, (None,) * len(FIELDS), -1
+        """Drop the table and its arrays when the store replaced one of them (the old ones are
+        freed now, not at the next read)."""
+        if self._table is not None and not self.current():
+            self._table, self._address, self._built_from, self._epoch = None, 0, (None,) * len(FIELDS), -1
 
     def _refresh(self) -> None:
         epoch = ArrayEpoch.replaced  # first: a replacement from here on makes the next read look again
         sources = self.sources()
-        if self._columns is None or not all(map(is_, sources, self._built_from)):  # else another holder's
+        if self._table is None or not all(map(is_, sources, self._built_from)):  # else another holder's
             self._rebuild(sources)
         self._epoch = epoch
 
     def _rebuild(self, sources: tuple[np.ndarray, ...]) -> None:
-        columns = read_columns(*sources)
-        # the machine code for exactly this object's type (its arrays' dtypes and layouts), called
-        # without the dispatcher's per-call typing of the object (dispatch.compiled)
-        self._kernel = compiled(rk.read_one, columns, b"", 0, 0, 0)
-        self._columns, self._built_from = columns, sources
+        if getattr(config, "DISABLE_JIT", False):  # the kernels as plain Python (make test): no addresses to view
+            self._kernel, self._built_from, self._table = self._read_in_python, sources, np.zeros(0, np.int64)
+            return
+        table = column_table(*sources)
+        # the machine code for read_one's argument types, called without the dispatcher's per-call
+        # typing of each argument (dispatch.compiled)
+        self._kernel = compiled(rk.read_one, 0, b"", 0, 0, 0)
+        self._built_from, self._table, self._address = sources, table, table.ctypes.data
+
+    def _read_in_python(self, _: int, key: bytes, tenant: int, now: int, ttl_ns: int) -> tuple:
+        return rk._read_one(*self._built_from, np.frombuffer(key, np.uint8), tenant, now, ttl_ns)

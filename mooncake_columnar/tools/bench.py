@@ -259,26 +259,26 @@ def index_lookup_seconds(m: MasterService, keys) -> float:
 def single_call_floor_ns(m: MasterService, keys: list[str]) -> np.ndarray:
     """Per key: what any single-key call into a kernel pays before it does anything, the floor
     under the single get: the master lock taken and left around the compiled call that takes
-    the single read's arguments (the columns object, the key's bytes, tenant, clock, TTL) and
+    the single read's arguments (the column table's address, the key's bytes, tenant, clock, TTL) and
     returns at once."""
     from numba import njit
 
     from ..kernels.dispatch import compiled
 
     @njit
-    def nothing(cols, key, tenant, now, ttl_ns):
+    def nothing(columns, key, tenant, now, ttl_ns):
         return 0
 
-    m.get_replica_list(keys[0])  # the reader's columns object is current
-    cols = m._single_reader._columns
-    call = compiled(nothing, cols, b"", 0, 0, 0)
+    m.get_replica_list(keys[0])  # the reader's column table is current
+    columns = m._single_reader._address
+    call = compiled(nothing, columns, b"", 0, 0, 0)
     lock, now, ttl = m.lock, m.clocks.steady_ns(), m.lease_ttl_ns
     lat = np.empty(len(keys), np.int64)
     for i, k in enumerate(keys):
         t0 = time.perf_counter_ns()
         lock.take_reading()
         try:
-            call(cols, k.encode(), 0, now, ttl)
+            call(columns, k.encode(), 0, now, ttl)
         finally:
             lock.leave()
         lat[i] = time.perf_counter_ns() - t0

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
-from mooncake_columnar.errors import InvalidParams, ObjectNotFound
-from mooncake_columnar.kernels.read_columns import FIELDS
+from mooncake_columnar.errors import InternalError, InvalidParams, ObjectNotFound
+from mooncake_columnar.kernels.read_columns import FIELDS, column_table
 from mooncake_columnar.messages import ReplicaDescriptor
 from mooncake_columnar.policies import views
 from mooncake_columnar.schema import MAX_KEY_BYTES
@@ -136,7 +136,7 @@ def test_bad_keys_and_tenants_get_the_same_typed_errors(master):
 
 def test_a_replacement_in_another_masters_store_keeps_this_readers_columns(clocks):
     """Array replacements are counted process-wide (store/array_epoch.py): another master's
-    growth makes this reader look, find its own arrays unchanged and keep its columns object;
+    growth makes this reader look, find its own arrays unchanged and keep its column table;
     a replacement in its own store is read at once."""
     a, b = (MasterService(MasterConfig(default_kv_lease_ttl_ms=TTL_MS), clocks=clocks) for _ in range(2))
     for m in (a, b):
@@ -144,10 +144,23 @@ def test_a_replacement_in_another_masters_store_keeps_this_readers_columns(clock
         m.put_start("k", 4096, client_id="c0")
         m.put_end("k", client_id="c0")
     a.get_replica_list("k")
-    columns = a._single_reader._columns
+    table = a._single_reader._table
     b.objects.flags = b.objects.flags.copy()
     check_reads(a, ["k"], clocks)
-    assert a._single_reader._columns is columns
+    assert a._single_reader._table is table
     a.objects.lease_deadline_ns = a.objects.lease_deadline_ns.copy()
     check_reads(a, ["k"], clocks)  # the lease lands in the new column
-    assert a._single_reader._columns is not columns
+    assert a._single_reader._table is not table
+
+
+def test_the_column_table_takes_only_the_layout_the_single_read_views(master):
+    """read_one views raw column addresses: a column of another dtype, or a strided view (its
+    copy would take the lease writes away from the store), is refused, not misread."""
+    sources = list(master._single_reader.sources())
+    assert column_table(*sources).shape == (3 * len(FIELDS),)
+    lease = FIELDS.index("lease")
+    for bad in (sources[lease].astype(np.int32), np.zeros(2 * sources[lease].size, np.int64)[::2]):
+        with pytest.raises(InternalError, match="column lease"):
+            column_table(*sources[:lease], bad, *sources[lease + 1:])
+    with pytest.raises(InternalError):
+        column_table(*sources[:-1])
