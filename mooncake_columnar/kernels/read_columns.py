@@ -1,7 +1,7 @@
 """The columns the single-key read kernel reads, handed over as one integer.
 
 A compiled call unboxes each argument: a NumPy array costs about 0.2 us, and one StructRef
-holding the 14 columns (what this module built until session 12) cost about 0.3 us plus a
+holding the columns (what this module built until session 12) cost about 0.3 us plus a
 reference count in and out for each column the kernel took from it: 0.55 us of a 1.6 us read
 in cache. So the columns go over as the address of an int64 *column table*, (data address,
 rows, slots) per column, and the kernel views them with ``numba.carray``: nothing to unbox,
@@ -23,7 +23,7 @@ from ..schema import CODE_DTYPE, OBJECT_COLUMNS, REPLICA_COLUMNS
 
 # the fields, in the order column_table takes them, with the dtype and dimensions read_one reads
 FIELDS = ("table", "arena", "key_refs", "row_tenant", "flags", "lease", "rep_status", "rep_kind",
-          "rep_seg", "seg_readable", "more", "rep_id", "rep_offset", "size_bytes")
+          "rep_seg", "seg_readable", "more", "rep_id", "rep_offset", "size_bytes", "unit_bits")
 _LAYOUT = {
     "table": (np.int64, 1), "arena": (np.uint8, 1), "key_refs": (OBJECT_COLUMNS["key_ref"].type, 1),
     "row_tenant": (CODE_DTYPE.type, 1), "flags": (OBJECT_COLUMNS["flags"].type, 1),
@@ -31,8 +31,10 @@ _LAYOUT = {
     "rep_kind": (REPLICA_COLUMNS["replica_kind"].type, 2), "rep_seg": (REPLICA_COLUMNS["replica_segment"].type, 2),
     "seg_readable": (np.bool_, 1), "more": (np.int32, 1), "rep_id": (REPLICA_COLUMNS["replica_id"].type, 2),
     "rep_offset": (REPLICA_COLUMNS["replica_offset"].type, 2), "size_bytes": (OBJECT_COLUMNS["size_bytes"].type, 1),
+    "unit_bits": (np.int64, 1),
 }
 _WIDTH = 3  # a column's entries in the table: data address, rows, slots (0 for a 1-D column)
+_TABLE_LENGTH = _WIDTH * len(FIELDS)
 
 
 def column_table(*columns: np.ndarray) -> np.ndarray:
@@ -41,7 +43,7 @@ def column_table(*columns: np.ndarray) -> np.ndarray:
     layout the kernel reads."""
     if len(columns) != len(FIELDS):
         raise InternalError(f"column_table takes {len(FIELDS)} columns, got {len(columns)}")
-    out = np.zeros(_WIDTH * len(FIELDS), np.int64)
+    out = np.zeros(_TABLE_LENGTH, np.int64)
     for i, (name, a) in enumerate(zip(FIELDS, columns)):
         dtype, ndim = _LAYOUT[name]
         if a.dtype != dtype or a.ndim != ndim or not a.flags.c_contiguous:
@@ -78,8 +80,8 @@ _T = tuple(_LAYOUT[name][0] for name in FIELDS)  # the dtypes, as globals the ke
 @njit(inline="always", cache=True)
 def columns_at(address):
     """The columns of the column table at ``address`` (:data:`FIELDS` order), as views."""
-    t = carray(_pointer(address, np.int64), (_WIDTH * 14,))
+    t = carray(_pointer(address, np.int64), (_TABLE_LENGTH,))
     return (_column(t, 0, _T[0]), _column(t, 1, _T[1]), _column(t, 2, _T[2]), _column(t, 3, _T[3]),
             _column(t, 4, _T[4]), _column(t, 5, _T[5]), _slot_column(t, 6, _T[6]), _slot_column(t, 7, _T[7]),
             _slot_column(t, 8, _T[8]), _column(t, 9, _T[9]), _column(t, 10, _T[10]), _slot_column(t, 11, _T[11]),
-            _slot_column(t, 12, _T[12]), _column(t, 13, _T[13]))
+            _slot_column(t, 12, _T[12]), _column(t, 13, _T[13]), _column(t, 14, _T[14]))

@@ -20,6 +20,7 @@ from numba import njit, prange, set_parallel_chunksize
 from ..errors import ErrorCode
 from ..schema import CODE_DTYPE, KIND_MEMORY
 from . import hashing as hk
+from .allocation import offset_shift
 from .chains import next_row
 from .dispatch import BATCH_MIN, variant
 from .leases import grant_group_read_lease, grant_read_lease
@@ -243,10 +244,10 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
 def read_one(columns, key, tenant, now, ttl_ns):
     """Single-key get_replica_list and exist_key: ``(code, row, group, count, replica_id, kind,
     segment, offset, size)`` with the lease granted on OK. ``columns``: the address of the
-    columns' table (kernels/read_columns.py: one integer to unbox, not 14 arrays). ``group``: the
+    columns' table (kernels/read_columns.py: one integer to unbox, not 15 arrays). ``group``: the
     caller grants the group's lease (leases.grant_group_read_lease over the group table's arrays,
-    which only grouped objects need). ``offset``: the offset column's value, see
-    allocation.offset_shift. ``count``: the object's readable replicas (on OK); when it is 1, the
+    which only grouped objects need). ``offset``: the replica's byte offset in its segment
+    (allocation.offset_shift). ``count``: the object's readable replicas (on OK); when it is 1, the
     rest are that replica's slot values (its row's size), so the caller builds its one descriptor
     without reading the columns again (else they are 0). ``key``: the key's bytes (a ``bytes``
     object: no NumPy array per call); nothing is allocated either."""
@@ -254,14 +255,15 @@ def read_one(columns, key, tenant, now, ttl_ns):
     # int64 0, and the tenant as its column's dtype: the lookup then reuses the hash and probe that
     # the put path compiled for those types, not specialisations of its own (empty Numba cache)
     (table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
-     rep_offset, size_bytes) = columns_at(columns)
+     rep_offset, size_bytes, unit_bits) = columns_at(columns)
     return _read_one(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable,
-                     more, rep_id, rep_offset, size_bytes, np.frombuffer(key, np.uint8), _TENANT(tenant), now, ttl_ns)
+                     more, rep_id, rep_offset, size_bytes, unit_bits, np.frombuffer(key, np.uint8), _TENANT(tenant),
+                     now, ttl_ns)
 
 
 @nrt_free
 def _read_one(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more,
-              rep_id, rep_offset, size_bytes, data, t, now, ttl_ns):
+              rep_id, rep_offset, size_bytes, unit_bits, data, t, now, ttl_ns):
     start = np.int64(0)
     n = data.shape[0]
     h = hk.hash_key(data, start, n, t)
@@ -288,7 +290,7 @@ def _read_one(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_
                         rid = int(rep_id[rr, j])
                         kind = int(np.int64(rep_kind[rr, j]))
                         seg = int(np.int64(rep_seg[rr, j]))
-                        offset = int(np.int64(rep_offset[rr, j]))
+                        offset = int(np.int64(rep_offset[rr, j]) << offset_shift(kind, seg, unit_bits))
                         size = int(np.int64(size_bytes[rr]))
             rr = next_row(more, rr)
     if count != 1:

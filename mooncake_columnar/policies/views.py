@@ -118,15 +118,15 @@ def readable_descriptors(store: MetadataStore, row: int) -> list[ReplicaDescript
 def readable_descriptor(store: MetadataStore, replica_id: int, kind: int, code: int, offset: int,
                         size: int) -> ReplicaDescriptor:
     """The descriptor :func:`readable_descriptors` builds for a readable (so COMPLETE) slot
-    with these column values (``code``: the slot's segment column, ``offset`` its offset column)."""
+    with these values (``code``: the slot's segment column, ``offset``: its byte offset in the
+    segment, kernels/reads.read_one)."""
     if kind != _MEMORY:  # LOCAL_DISK: the segment column holds the owner client
         return ReplicaDescriptor(replica_id, _KINDS[kind], _COMPLETE_STATUS, "", store.clients.name(code), 0,
                                  size, True)
     seg = store.segments.info[code]
     assert seg is not None  # readable: its segment is mounted
-    address = seg.base + (offset << store.segments.unit_bits.item(code))
     return _new_descriptor(ReplicaDescriptor, (replica_id, _MEMORY_KIND, _COMPLETE_STATUS, seg.name, seg.endpoint,
-                                               address, size, True))
+                                               seg.base + offset, size, True))
 
 
 def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: list[ReplicaDescriptor]) -> None:

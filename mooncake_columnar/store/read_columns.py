@@ -5,7 +5,7 @@ built from the arrays the store holds at that moment; the reader keeps those arr
 store replaces arrays when it grows (columns, replica slots and chains, key table, arena,
 segment table) or compacts the arena; a read through a table built before would see the old
 arrays. So every read first checks that no array of the store's holders was replaced since the
-table was built (store/array_epoch.py: one integer comparison, where testing each of the 14
+table was built (store/array_epoch.py: one integer comparison, where testing each of the 15
 arrays was a tenth of the read) and builds a new table when one was: no path that replaces an
 array has to remember to say so.
 """
@@ -45,7 +45,7 @@ class SingleKeyReader:
         o, k = s.objects, s.keys
         return (k.table, k.arena, o.key_ref, o.tenant, o.flags, o.lease_deadline_ns, o.replica_status,
                 o.replica_kind, o.replica_segment, s.segments.readable, o.replica_more, o.replica_id,
-                o.replica_offset, o.size_bytes)
+                o.replica_offset, o.size_bytes, s.segments.unit_bits)
 
     def current(self) -> bool:
         """True when the object holds the store's arrays of now (every one of :meth:`sources`)."""

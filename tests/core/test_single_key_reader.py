@@ -26,7 +26,8 @@ HOLDERS = {"table": ("keys", "table"), "arena": ("keys", "arena"), "key_refs": (
            "rep_status": ("objects", "replica_status"), "rep_kind": ("objects", "replica_kind"),
            "rep_seg": ("objects", "replica_segment"), "seg_readable": ("segments", "readable"),
            "more": ("objects", "replica_more"), "rep_id": ("objects", "replica_id"),
-           "rep_offset": ("objects", "replica_offset"), "size_bytes": ("objects", "size_bytes")}
+           "rep_offset": ("objects", "replica_offset"), "size_bytes": ("objects", "size_bytes"),
+           "unit_bits": ("segments", "unit_bits")}
 
 
 def row_of(m: MasterService, key: str) -> int:
