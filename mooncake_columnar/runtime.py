@@ -23,11 +23,20 @@ fills and the README names; where that cannot be created, to a private temporary
 (compiled in every process, but the import works). Numba has one cache directory per process
 and reads it at decoration time, so it is set before any kernel module is imported; an explicit
 ``NUMBA_CACHE_DIR`` wins.
+
+A cache left by an older version of the package can name a type that no longer exists (session
+12 replaced the single read's StructRef of columns by a column table). Numba unpickles a
+kernel's whole cache index before it checks that the index is stale, so such an entry raised
+AttributeError at the kernel's first call after an upgrade (numba/numba#6018, #10434). An index
+that cannot be unpickled is treated here as the stale index it is: the kernel compiles and
+Numba writes a fresh index over it.
 """
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -69,5 +78,24 @@ def configure_numba_cache() -> None:
         sys.modules["numba.core.config"].reload_config()
 
 
+def tolerate_stale_cache_indexes() -> None:
+    from numba.core import caching
+
+    load_index = caching.IndexDataCacheFile._load_index
+    if getattr(load_index, "tolerates_stale_entries", False):
+        return
+
+    def _load_index(self: caching.IndexDataCacheFile) -> dict:
+        try:
+            return load_index(self)
+        except (AttributeError, ImportError, EOFError, pickle.UnpicklingError) as exc:
+            logging.getLogger(__name__).info("stale Numba cache index %s (%r): recompiling", self._index_path, exc)
+            return {}
+
+    _load_index.tolerates_stale_entries = True  # type: ignore[attr-defined]
+    caching.IndexDataCacheFile._load_index = _load_index  # type: ignore[method-assign]
+
+
 configure_threading_layer()
 configure_numba_cache()
+tolerate_stale_cache_indexes()  # after the two above: it imports Numba

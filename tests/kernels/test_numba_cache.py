@@ -112,3 +112,38 @@ def test_without_a_writable_cache_directory_the_import_still_works(read_only_pac
     ran = _run(read_only_package, tmp_path, import_only, XDG_CACHE_HOME=str(read_only_package))
     assert ran[0] == str(read_only_package / "mooncake_columnar")
     assert Path(ran[1]).name.startswith("mooncake-columnar-numba-") and not Path(ran[1]).exists()
+
+
+def test_a_cache_index_naming_a_type_that_no_longer_exists_recompiles_instead_of_raising(tmp_path, monkeypatch):
+    """A cache left by an older version can name a type the package no longer has (session 12
+    removed the single read's StructRef type): the kernel's first call compiles, not raises."""
+    import importlib.util
+    import pickle
+
+    source = tmp_path / "kernel_module.py"
+    source.write_text("from numba import njit\n\n\n@njit(cache=True)\ndef add_one(x):\n    return x + 1\n")
+
+    def fresh_kernel(name: str):
+        spec = importlib.util.spec_from_file_location(name, source)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.add_one
+
+    assert fresh_kernel("kernel_module_first")(1) == 2  # writes the cache index
+    (index,) = (tmp_path / "__pycache__").glob("*.nbi")
+    with index.open("rb") as f:
+        version = pickle.load(f)
+        stamp, overloads = pickle.loads(f.read())
+    gone = type("RemovedType", (), {"__module__": __name__})
+    monkeypatch.setitem(globals(), "RemovedType", gone)  # picklable by reference only while it exists
+    overloads[("an older signature", gone)] = "kernel_module.add_one-5.py311.9.nbc"
+    index.write_bytes(pickle.dumps(version) + pickle.dumps((stamp, overloads)))
+    monkeypatch.delitem(globals(), "RemovedType")
+
+    kernel = fresh_kernel("kernel_module_second")
+    assert kernel(41) == 42
+    assert kernel(1.5) == 2.5  # another signature: the index is written afresh, without the stale entry
+    with index.open("rb") as f:
+        pickle.load(f)
+        assert ("an older signature",) not in {key[:1] for key in pickle.loads(f.read())[1]}
