@@ -139,8 +139,11 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     blocks = (n + _BLOCK - 1) // _BLOCK
     per_span = (blocks + _SPANS - 1) // _SPANS
     spans = (blocks + per_span - 1) // per_span if blocks else 0
-    rows = np.full(n if want_replicas else 0, -1, np.int64)  # of the OK keys, for the descriptors
-    span_count = np.zeros(spans + 1, np.int64)
+    # np.empty: the parallel variant makes np.full and np.zeros parallel loops of their own, a
+    # region to start per call (chunks of a batch are small); the spans write every entry
+    rows = np.empty(n if want_replicas else 0, np.int64)  # of the OK keys (-1: not OK), for the descriptors
+    span_count = np.empty(spans + 1, np.int64)
+    span_count[0] = 0
     hs = np.empty((spans, _BLOCK), np.uint64)
     cand = np.empty((spans, _BLOCK), np.int64)
     # each span's loops are a call without reference counting (:mod:`.nrt_free`): lowered here,
@@ -187,12 +190,10 @@ def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_te
                                 hk.tenant_at(tenants, i), hs[t])
             code = read_code(r, rep_status, rep_kind, rep_seg, seg_readable, more)
             codes[i] = code
-            if code != OK:
-                continue
-            if grant_read_lease(r, now, ttl_ns, lease, flags):
+            if code == OK and grant_read_lease(r, now, ttl_ns, lease, flags):
                 grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
             if want_replicas:
-                rows[i] = r
+                rows[i] = r if code == OK else -1
         if want_replicas:  # the block's rows are in cache now
             count += _readable_count(b, m, rows, rep_status, rep_kind, rep_seg, seg_readable, more)
     return count
