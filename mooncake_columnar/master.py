@@ -118,8 +118,15 @@ class MasterService:
         return sink.change_log(self.store, self._finalize_removed, self.config.oplog_admission_timeout_ms / 1000)
 
     @property
-    def lease_ttl_ns(self) -> int:
-        return self.config.default_kv_lease_ttl_ms * NS_PER_MS
+    def config(self) -> MasterConfig:
+        """The master's settings."""
+        return self._config
+
+    @config.setter
+    def config(self, config: MasterConfig) -> None:
+        # lease_ttl_ns: the read lease TTL every read grants, derived once per config (a property
+        # computing it was a twentieth of a single-key get)
+        self._config, self.lease_ttl_ns = config, config.default_kv_lease_ttl_ms * NS_PER_MS
 
     # ================================================================================ background
     def tick(self) -> "ev.EvictionReport | None":
