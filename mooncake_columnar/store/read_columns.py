@@ -20,6 +20,7 @@ from numba import config
 from ..kernels import reads as rk
 from ..kernels.dispatch import compiled
 from ..kernels.read_columns import FIELDS, column_table
+from ..schema import CODE_DTYPE
 from .array_epoch import ArrayEpoch
 
 if TYPE_CHECKING:
@@ -82,4 +83,4 @@ class SingleKeyReader:
         self._built_from, self._table, self._address = sources, table, table.ctypes.data
 
     def _read_in_python(self, _: int, key: bytes, tenant: int, now: int, ttl_ns: int) -> tuple:
-        return rk._read_one(*self._built_from, np.frombuffer(key, np.uint8), tenant, now, ttl_ns)
+        return rk._read_one(*self._built_from, np.frombuffer(key, np.uint8), CODE_DTYPE.type(tenant), now, ttl_ns)
