@@ -31,6 +31,7 @@ from ..errors import (
 from ..kernels import rebuild
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..store.upstream_ids import first_bad_uuid
+from .columns import column_numpy
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
     KIND_MEMORY,
@@ -84,7 +85,7 @@ def check_table(table: pa.Table, schema: pa.Schema | tuple[pa.Schema, ...], name
 
 
 def _np(table: pa.Table, column: str) -> np.ndarray:
-    return table.column(column).to_numpy()
+    return column_numpy(table.column(column))
 
 
 
