@@ -37,7 +37,6 @@ from ..errors import (
 )
 from ..kernels.predicates import lease_expired_mask
 from ..schema import ST_COMPLETE
-from .columns import column_numpy, numpy_columns
 from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, optional_payloads
 from .convert import convert_steady_deadlines
 from .mapped import release_mapped
@@ -45,7 +44,7 @@ from .manifest import SnapshotManifest, check_clock_pair, parse_manifest
 from .mooncake_v1 import V1_FILES, decode_v1
 from .mooncake_v1_allocator import DEFAULT_MAX_DECOMPRESSED_BYTES
 from .repository import SnapshotRepository
-from .state import SnapshotState, with_usage
+from .state import SnapshotState, column_numpy, with_usage
 from .writer import publish_state
 
 log = logging.getLogger(__name__)
@@ -130,16 +129,16 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
     """
     objects, replicas = state.objects, state.replicas
     n = objects.num_rows
-    rep_keep = column_numpy(replicas.column("status")) == ST_COMPLETE
+    rep_keep = replicas.column("status").to_numpy() == ST_COMPLETE
     all_complete = bool(rep_keep.all())
-    obj_index = column_numpy(replicas.column("object_index"))
-    complete_count = (column_numpy(objects.column("replica_count")) if all_complete
+    obj_index = replicas.column("object_index").to_numpy()
+    complete_count = (objects.column("replica_count").to_numpy() if all_complete
                       else np.bincount(obj_index[rep_keep], minlength=n))
     keep = complete_count > 0  # hard pin does not hide unrecoverable in-progress state
     if drop_expired:
-        lease = column_numpy(objects.column("lease_deadline_ns"))
-        soft = column_numpy(objects.column("soft_pin_deadline_ns"))
-        hard = column_numpy(objects.column("hard_pinned"))
+        lease = objects.column("lease_deadline_ns").to_numpy()
+        soft = objects.column("soft_pin_deadline_ns").to_numpy()
+        hard = objects.column("hard_pinned").to_numpy(zero_copy_only=False)
         expired = lease_expired_mask(lease, now_ns) & lease_expired_mask(soft, now_ns)
         keep &= hard | ~expired
     if all_complete and keep.all():
@@ -154,7 +153,7 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
     replicas = replicas.filter(pa.array(rep_keep))
     replicas = replicas.set_column(
         0, replicas.schema.field("object_index"),
-        pa.array(new_index[column_numpy(replicas.column("object_index"))], pa.int64()))
+        pa.array(new_index[replicas.column("object_index").to_numpy()], pa.int64()))
     objects = objects.filter(pa.array(keep))
     for name, values in (("replica_count", pa.array(complete_count[keep].astype(np.int32))),
                          ("processing", pa.array(np.zeros(objects.num_rows, dtype=bool)))):
@@ -234,12 +233,11 @@ def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
     for snapshot_id in repo.candidates():
         stats.candidates_tried += 1
         try:
-            with numpy_columns():  # the columns these passes share are converted once
-                state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks,
-                                                           check_unique_keys=not build_checks_unique_keys,
-                                                           max_ttl_ns=max_ttl_ns,
-                                                           max_decompressed_bytes=max_decompressed_bytes)
-                state, dropped = cleanup_state(state, now_ns, drop_expired)
+            state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks,
+                                                       check_unique_keys=not build_checks_unique_keys,
+                                                       max_ttl_ns=max_ttl_ns,
+                                                       max_decompressed_bytes=max_decompressed_bytes)
+            state, dropped = cleanup_state(state, now_ns, drop_expired)
             built = build(state)
         except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)
             error = as_snapshot_error(e)

@@ -31,7 +31,6 @@ from ..errors import (
 from ..kernels import rebuild
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..store.upstream_ids import first_bad_uuid
-from .columns import column_numpy
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
     KIND_MEMORY,
@@ -86,6 +85,16 @@ def check_table(table: pa.Table, schema: pa.Schema | tuple[pa.Schema, ...], name
 
 def _np(table: pa.Table, column: str) -> np.ndarray:
     return column_numpy(table.column(column))
+
+
+def column_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    """``column`` as a read-only NumPy array (booleans as bytes). A column of one record batch
+    converts zero-copy, read-only; one of several (a snapshot written range by range) is a copy,
+    made read-only too: the kernels that read it then run the signature the warm-up compiled,
+    instead of compiling (or loading from the cache) another one inside a restore."""
+    values = column.to_numpy()
+    values.flags.writeable = False
+    return values
 
 
 
