@@ -84,7 +84,17 @@ def check_table(table: pa.Table, schema: pa.Schema | tuple[pa.Schema, ...], name
 
 
 def _np(table: pa.Table, column: str) -> np.ndarray:
-    return table.column(column).to_numpy()
+    return column_numpy(table.column(column))
+
+
+def column_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    """``column`` as a read-only NumPy array (booleans as bytes). A column of one record batch
+    converts zero-copy, read-only; one of several (a snapshot written range by range) is a copy,
+    made read-only too: the kernels that read it then run the signature the warm-up compiled,
+    instead of compiling (or loading from the cache) another one inside a restore."""
+    values = column.to_numpy()
+    values.flags.writeable = False
+    return values
 
 
 

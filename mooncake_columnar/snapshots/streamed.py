@@ -91,7 +91,8 @@ def frozen_payloads(f: FrozenColumns, compression: str | None, rows: int | None 
 
 def estimated_bytes(f: FrozenColumns) -> int:
     """About the files' bytes (what a writer warms before writing: see :mod:`.memory`): the
-    key bytes and each row's fixed-width columns."""
+    live keys' bytes (not the arena's capacity: the excess was warmed at every periodic snapshot,
+    whose recycled files already cover its payloads) and each row's fixed-width columns."""
     fixed = sum(field.type.bit_width // 8 for schema in (OBJECTS_PAYLOAD_SCHEMA, REPLICAS_PAYLOAD_SCHEMA)
                 for field in schema if pa.types.is_integer(field.type))
-    return int(f.arena.nbytes) + f.rows * (fixed + 16)
+    return f.key_bytes + f.rows * (fixed + 16)

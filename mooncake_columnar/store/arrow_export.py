@@ -16,6 +16,7 @@ dictionaries must then be the same in every range (an Arrow IPC file's batches s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -27,6 +28,7 @@ from ..kernels import chains as chain_k
 from ..kernels import hashing as hk
 from ..kernels import objects as ok
 from ..kernels.predicates import memory_on_segment_mask, memory_replica_segment
+from ..kernels.replica_offsets import byte_offsets_of
 from ..schema import (
     CHECKSUMS_ARROW_SCHEMA,
     FLAG_GROUPED,
@@ -42,7 +44,7 @@ from ..schema import (
 )
 from .objects import put_start_ms
 from .rare_fields import GroupTable, SoftPinTable
-from .segments import Segment, byte_offsets, offset_shifts, segments_table
+from .segments import Segment, segments_table
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore
@@ -69,6 +71,7 @@ class FrozenColumns:
 
     columns: dict[str, np.ndarray]
     arena: np.ndarray             # the key arena itself, not a copy: see freeze()
+    key_bytes: int                # bytes of the live keys in it (used, less garbage)
     put_start_base_ms: int | None  # put_start_rel is ms after it (ObjectTable.set_put_start)
     checksum_rows: np.ndarray      # the sparse object checksums (copies)
     checksum_values: np.ndarray
@@ -111,7 +114,8 @@ def freeze(m: "MetadataStore", alloc: Allocator | None = _fresh) -> FrozenColumn
         columns["replica_more"] = o.replica_more[:hw] if alloc is None else o.replica_more[:hw].copy()
     s = m.segments
     return FrozenColumns(
-        columns=columns, arena=m.keys.arena, put_start_base_ms=o.put_start_base_ms,
+        columns=columns, arena=m.keys.arena, key_bytes=int(m.keys.arena_used - m.keys.arena_garbage),
+        put_start_base_ms=o.put_start_base_ms,
         checksum_rows=o.checksum_rows.copy(), checksum_values=o.checksum_values.copy(),
         soft_pins=m.soft_pins.held(), groups=m.group_of.held(),
         tenants=[m.tenants.name(c) for c in range(len(m.tenants))],
@@ -231,42 +235,41 @@ class FrozenRows:
             owner, chain = chain_k.expand(
                 _iota(np.empty(self.n, np.int64), lo) if self.live is None else self.live, c["replica_more"])
             self.chains = (owner, chain, c["replica_status"][chain] != ST_EMPTY)
-        self._replica_slots()
+        status = self.rows(c["replica_status"])
+        self.used = status != ST_EMPTY
+        self.one_slot = self.chains is None and bool(self.used.all()) and status.shape[1] == 1
 
     def rows(self, a: np.ndarray) -> np.ndarray:
         """Column ``a`` (rows [0, high_water)) at this range's live rows."""
         return a[self.lo:self.hi] if self.live is None else a[self.live]
 
-    def _replica_slots(self) -> None:
-        """Which slots the replicas table takes (``src`` rows, ``slot``), each one's object
-        (``r_idx``, from 0 in this range) and its size. (No closure over ``self`` here: a
-        reference cycle would keep each range's arrays alive until a garbage collection.)"""
+    @cached_property
+    def _slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(r_idx, slot, src, src_size): which slots the replicas table takes (``src`` rows,
+        ``slot``), each one's object (``r_idx``, from 0 in this range) and its size. Built on
+        first use: the passes that need no replica columns (names, checksums, objects) skip it."""
         c, alloc = self.f.columns, self.alloc
-        status = self.rows(c["replica_status"])
-        self.used = status != ST_EMPTY
-        self.one_slot = self.chains is None and bool(self.used.all()) and status.shape[1] == 1
         if self.chains is not None:
-            k, self.slot = np.nonzero(self.chains[2])
-            self.r_idx, self.src = self.chains[0][k], self.chains[1][k]
-            self.src_size = c["size_bytes"][self.src]  # a continuation row carries its object's size
-            return
-        if self.one_slot:  # one replica per object: every column is a view
-            self.r_idx = _iota(alloc("object_index", (self.n,), np.dtype(np.int64)), 0)
-            self.slot = np.zeros(self.n, np.int64)
-            self.src_size = self.rows(c["size_bytes"])
-        else:
-            self.r_idx, self.slot = np.nonzero(self.used)
-            self.src_size = self.rows(c["size_bytes"])[self.r_idx]
-        self.src = (_iota(np.empty(self.n, np.int64), self.lo) if self.live is None else self.live)[self.r_idx]
+            k, slot = np.nonzero(self.chains[2])
+            src = self.chains[1][k]
+            return self.chains[0][k], slot, src, c["size_bytes"][src]  # a continuation row carries the size
+        if self.one_slot:  # one replica per object: every column is a view, object i is row i's
+            r_idx = _iota(alloc("object_index", (self.n,), np.dtype(np.int64)), 0)
+            src = _iota(np.empty(self.n, np.int64), self.lo) if self.live is None else self.live
+            return r_idx, np.zeros(self.n, np.int64), src, self.rows(c["size_bytes"])
+        r_idx, slot = np.nonzero(self.used)
+        src = (_iota(np.empty(self.n, np.int64), self.lo) if self.live is None else self.live)[r_idx]
+        return r_idx, slot, src, self.rows(c["size_bytes"])[r_idx]
 
     def _rep(self, name: str) -> np.ndarray:
         """Replica slot column ``name`` at the replicas table's slots."""
         column = self.f.columns[name]
-        if self.chains is not None:
-            return column[self.src, self.slot]
         if self.one_slot:
             return self.rows(column)[:, 0]
-        return self.rows(column)[self.r_idx, self.slot]
+        r_idx, slot, src, _ = self._slots
+        if self.chains is not None:
+            return column[src, slot]
+        return self.rows(column)[r_idx, slot]
 
     def _segment_codes(self, with_clients: bool) -> np.ndarray:
         """Each replica's code in the segment column's dictionary (segment codes, then with
@@ -326,20 +329,21 @@ class FrozenRows:
         c, f = self.f.columns, self.f
         kind, rep_status = self._rep("replica_kind"), self._rep("replica_status")
         seg_code = self._segment_codes(needs.segment_clients)
-        used = _used_bytes(rep_status, kind, self._rep("replica_segment"), np.asarray(self.src_size), len(f.segments))
-        readable = ok.readable_mask(self.src, self.slot.astype(np.int64, copy=False), c["replica_status"],
+        r_idx, slot, src, src_size = self._slots
+        used = _used_bytes(rep_status, kind, self._rep("replica_segment"), np.asarray(src_size), len(f.segments))
+        readable = ok.readable_mask(src, slot.astype(np.int64, copy=False), c["replica_status"],
                                     c["replica_kind"], c["replica_segment"], f.segment_readable)
         from ..snapshots.state import layout_table
-        index = self.r_idx.astype(np.int64, copy=False)
+        index = r_idx.astype(np.int64, copy=False)
         table = layout_table(REPLICAS_PAYLOAD_SCHEMA, {
             "object_index": index + first_index if first_index else index,
             "replica_id": self._rep("replica_id"),
             "kind": kind,
             "status": rep_status,
             "segment": _coded(seg_code, needs.dictionaries(f)["segment"]),
-            "offset": byte_offsets(self._rep("replica_offset"), offset_shifts(kind, self._rep("replica_segment"),
-                                                                              f.segment_unit_bits)),
-            "size": self.src_size,
+            "offset": byte_offsets_of(self._rep("replica_offset"), kind, self._rep("replica_segment"),
+                                      f.segment_unit_bits),
+            "size": src_size,
             "readable": readable,
         })
         return table, used

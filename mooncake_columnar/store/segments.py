@@ -21,6 +21,7 @@ from ..errors import EngineInvariantError, InvalidParams, NameLimitExceeded, Seg
 from ..kernels import rebuild as rk
 from ..kernels.offset_allocator_v1 import multiplier_bits
 from ..kernels.predicates import memory_on_segment_mask
+from ..kernels.replica_offsets import column_offsets_of
 from ..schema import MAX_CODES, SEGMENTS_ARROW_SCHEMA
 from .array_epoch import ArrayEpoch
 from .free_extents import FreeExtents
@@ -154,7 +155,7 @@ class SegmentTable(ArrayEpoch):
     def column_offsets(self, offsets: np.ndarray, kind: np.ndarray, seg: np.ndarray) -> np.ndarray:
         """``replica_offset`` values of replicas at byte ``offsets``: a memory replica's on a unit
         boundary of its mounted segment, another kind's below 2**32 (snapshots.state checks both)."""
-        return (np.asarray(offsets, np.int64) >> offset_shifts(kind, seg, self.unit_bits)).astype(np.uint32)
+        return column_offsets_of(offsets, kind, seg, self.unit_bits)
 
     def free(self, code: int, offset: int, size: int) -> None:
         """Free the extent held by a replica at ``offset`` of ``size`` bytes."""

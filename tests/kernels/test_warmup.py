@@ -30,3 +30,28 @@ def test_after_warmup_a_failover_with_remounts_compiles_no_kernel(capsys):
 def test_warmup_runs_once_per_process():
     warm_up_kernels()
     assert warm_up_kernels() == 0.0
+
+
+def test_after_warmup_restoring_a_snapshot_written_in_ranges_compiles_no_kernel(tmp_path):
+    """A large master's snapshot holds several record batches per file (snapshots/streamed.py),
+    whose columns convert to NumPy as copies, not read-only views: the restore's kernels must
+    still run the signatures the warm-up compiled."""
+    from mooncake_columnar.clock import ManualClocks
+    from mooncake_columnar.snapshots import streamed
+    from mooncake_columnar.snapshots.manager import restore_master
+    from mooncake_columnar.snapshots.repository import SnapshotRepository
+    from mooncake_columnar.snapshots.writer import publish_payloads
+    from mooncake_columnar.store.arrow_export import freeze
+    from mooncake_columnar.tools.synthetic import build_master
+    warm_up_kernels()
+    clocks = ManualClocks()
+    m = build_master(3_000, clocks=clocks)
+    repo = SnapshotRepository(tmp_path)
+    publish_payloads(repo, streamed.frozen_payloads(freeze(m.store, None), None, rows=1_000),
+                     clocks.system_ns(), clocks.steady_ns())
+    before = _compiled_signatures()
+    restored, _ = restore_master(repo, clocks=clocks, drop_expired=False, prefault=False)
+    assert restored.object_count() == 3_000
+    after = _compiled_signatures()
+    compiled = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert not compiled, f"compiled by the restore after warmup: {compiled}"
