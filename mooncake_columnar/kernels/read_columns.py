@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from numba import config, njit, types
+from numba import config, types
 from numba.experimental import structref
+
+from .jit import njit
 
 # the fields, in the order read_columns takes them
 FIELDS = ("table", "arena", "key_refs", "row_tenant", "flags", "lease", "rep_status", "rep_kind",
