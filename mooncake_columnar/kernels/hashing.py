@@ -355,23 +355,24 @@ def _find_rows_into(out, hs, cand, table, arena, key_refs, row_tenant, offsets, 
 _find_rows_nogil = variant(_find_rows, "_nogil", nogil=True)
 
 
-@njit(cache=True)
+@nrt_free
 def _find_one(table, arena, key_refs, row_tenant, offsets, data, tenants):
-    """:func:`_find_rows` of one key: a single-key call (put_end, remove) compiles only this small
-    kernel over :func:`hash_key` and :func:`probe_until`, which a put has already compiled for
-    these types, not the staged batch kernel (seconds on an empty Numba cache)."""
+    """The row of :func:`_find_rows`' one key: a single-key call (put_end, remove) compiles only
+    this small kernel over :func:`hash_key` and :func:`probe_until`, which a put has already
+    compiled for these types, not the staged batch kernel (seconds on an empty Numba cache). It
+    returns a scalar, so it allocates nothing: no ``np.empty`` to compile, no reference counting."""
     s = offsets[0]
     n = offsets[1] - s
-    out = np.empty(1, np.int64)
-    out[0] = find_row(table, arena, key_refs, row_tenant, data, s, n, tenants[0], hash_key(data, s, n, tenants[0]))
-    return out
+    return find_row(table, arena, key_refs, row_tenant, data, s, n, tenants[0], hash_key(data, s, n, tenants[0]))
 
 
 def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
     """See :func:`_find_rows`; one key takes :func:`_find_one`; batches drop the GIL while they
     probe (:mod:`.dispatch`)."""
     if offsets.shape[0] == 2:
-        return _find_one(table, arena, key_refs, row_tenant, offsets, data, tenants)
+        out = np.empty(1, np.int64)
+        out[0] = _find_one(table, arena, key_refs, row_tenant, offsets, data, tenants)
+        return out
     if offsets.shape[0] <= BATCH_MIN:
         return _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants)
     return _find_rows_nogil(table, arena, key_refs, row_tenant, offsets, data, tenants)
