@@ -12,9 +12,9 @@ express the layout. Segments up to 3.75 GiB have 1-byte units: byte-exact extent
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .dispatch import variant
+from .jit import njit
 from .moves import move
 from .predicates import memory_segment
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .hashing import key_ref, ref_length, ref_offset
+from .jit import njit
 from .predicates import is_live
 
 

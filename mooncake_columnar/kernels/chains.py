@@ -18,7 +18,8 @@ Kernels walk an object's slots as::
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .jit import njit
 
 
 @njit(inline="always", cache=True)

@@ -19,8 +19,10 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
-from numba import njit, typeof
+from numba import typeof
 from numba.core.dispatcher import Dispatcher
+
+from .jit import njit
 
 BATCH_MIN = 4096  # keys (or rows): below, the serial variant that keeps the GIL; from here,
                   # the batch variant (nogil, and parallel where the kernel is). One cut-over

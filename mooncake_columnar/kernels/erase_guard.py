@@ -7,10 +7,10 @@ such a row twice puts it on the free stack twice and loses whatever object takes
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..schema import FLAG_ERASE_MARK
 from .dispatch import BATCH_MIN, variant
+from .jit import njit
 from .predicates import is_erase_marked, is_live
 
 _MARK = np.uint8(FLAG_ERASE_MARK)

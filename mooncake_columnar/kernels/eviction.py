@@ -10,9 +10,10 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .chains import next_row
+from .jit import njit
 from .slot_index import slot_value
 from .predicates import (is_eviction_candidate, is_evictable_memory_replica, is_grouped,
                          is_hard_pinned, is_live, is_unreadable_memory_replica, lease_expired,

@@ -13,10 +13,10 @@ An object's ``key_ref`` packs its arena offset and key length: ``(offset << 16) 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .dispatch import BATCH_MIN, variant
-from .nrt_free import nrt_free
+from .jit import kernel_only, njit
+from .nrt_free import nrt_free, nrt_free_core
 from .prefetch import prefetch
 
 EMPTY_SLOT = -1
@@ -46,7 +46,7 @@ def load_word(data, i, count):
     return w
 
 
-@njit(cache=True)
+@kernel_only()
 def hash_key(data, start, length, tenant):
     """Hash of (tenant code, key bytes data[start:start+length]): eight bytes per multiply (a
     byte-at-a-time hash waits one multiply per byte), then the splitmix64 finalizer."""
@@ -152,7 +152,7 @@ def region_start(g, size, regions):
     return (np.int64(g) * size + regions - 1) // regions
 
 
-@njit(cache=True)
+@kernel_only()
 def probe_until(table, arena, key_refs, row_tenant, data, start, length, tenant, h, stop):
     """(row, -1) if (tenant, key) is present, else (-1, the slot an insert would take); (-1, -1)
     if the probe steps onto slot ``stop`` first (-1: no limit; else a bulk build's window end,
@@ -337,7 +337,7 @@ def _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
     return out
 
 
-@nrt_free
+@nrt_free_core
 def _find_rows_into(out, hs, cand, table, arena, key_refs, row_tenant, offsets, data, tenants):
     n = out.shape[0]
     for b in range(0, n, _BLOCK):
@@ -355,23 +355,24 @@ def _find_rows_into(out, hs, cand, table, arena, key_refs, row_tenant, offsets, 
 _find_rows_nogil = variant(_find_rows, "_nogil", nogil=True)
 
 
-@njit(cache=True)
+@nrt_free
 def _find_one(table, arena, key_refs, row_tenant, offsets, data, tenants):
-    """:func:`_find_rows` of one key: a single-key call (put_end, remove) compiles only this small
-    kernel over :func:`hash_key` and :func:`probe_until`, which a put has already compiled for
-    these types, not the staged batch kernel (seconds on an empty Numba cache)."""
+    """The row of :func:`_find_rows`' one key: a single-key call (put_end, remove) compiles only
+    this small kernel over :func:`hash_key` and :func:`probe_until`, which a put has already
+    compiled for these types, not the staged batch kernel (seconds on an empty Numba cache). It
+    returns a scalar, so it allocates nothing: no ``np.empty`` to compile, no reference counting."""
     s = offsets[0]
     n = offsets[1] - s
-    out = np.empty(1, np.int64)
-    out[0] = find_row(table, arena, key_refs, row_tenant, data, s, n, tenants[0], hash_key(data, s, n, tenants[0]))
-    return out
+    return find_row(table, arena, key_refs, row_tenant, data, s, n, tenants[0], hash_key(data, s, n, tenants[0]))
 
 
 def find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants):
     """See :func:`_find_rows`; one key takes :func:`_find_one`; batches drop the GIL while they
     probe (:mod:`.dispatch`)."""
     if offsets.shape[0] == 2:
-        return _find_one(table, arena, key_refs, row_tenant, offsets, data, tenants)
+        out = np.empty(1, np.int64)
+        out[0] = _find_one(table, arena, key_refs, row_tenant, offsets, data, tenants)
+        return out
     if offsets.shape[0] <= BATCH_MIN:
         return _find_rows(table, arena, key_refs, row_tenant, offsets, data, tenants)
     return _find_rows_nogil(table, arena, key_refs, row_tenant, offsets, data, tenants)
@@ -392,7 +393,7 @@ def last_of_each_key(offsets, data, tenants):
     return last
 
 
-@nrt_free
+@nrt_free_core
 def _mark_last(table, refs, offsets, data, tenants, last):
     n = last.shape[0]
     for i in range(n):

@@ -9,9 +9,9 @@ load at most MAX_LOAD (:func:`capacity_for`): every probe then ends at an empty 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .hashing import mix64
+from .jit import njit
 
 EMPTY = 0
 TAKEN_HELD = 1   # first_taken: the value is a member and not freed

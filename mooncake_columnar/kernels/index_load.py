@@ -22,9 +22,10 @@ uniqueness check of a loaded state.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from . import hashing as hk
+from .jit import njit
 from .nrt_free import nrt_free
 
 # At most 1024 windows (128 KiB of table each at 16M slots), each at least 4096 slots.

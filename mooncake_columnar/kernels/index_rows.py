@@ -4,11 +4,12 @@ rows overlap. The table layout, hashing and probing are :mod:`.hashing`'s."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .dispatch import BATCH_MIN, variant
 from .hashing import (delete_in, delete_row, fill_slot, find_or_empty_slot, hash_key, home_slot, ref_length,
                       ref_offset, region_of, region_start, slot_entry)
+from .jit import njit
 from .nrt_free import nrt_free
 from .prefetch import prefetch
 

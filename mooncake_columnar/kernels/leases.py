@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..clock import INT64_MAX
 from ..schema import FLAG_GROUP_REFRESH, FLAG_PENDING_SOFT_PIN, FLAG_SOFT_PIN_ENABLED
+from .jit import njit
 from .predicates import group_awaits_refresh, is_grouped, is_soft_pin_enabled
 from .rowbits import has_bit
 from .slot_index import find_slot, slot_value

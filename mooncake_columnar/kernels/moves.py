@@ -7,7 +7,7 @@ first put of a fresh process runs these moves; a loop compiles to the same copy 
 """
 from __future__ import annotations
 
-from numba import njit
+from .jit import njit
 
 
 @njit(inline="always", cache=True)

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from numba import njit
+from .jit import kernel_only, njit
 
-_OPTIONS: dict[str, Any] = {"cache": True, "_nrt": False}  # _nrt: Numba's own option, not in its stubs
-nrt_free = njit(**_OPTIONS)
+_OPTIONS: dict[str, Any] = {"_nrt": False}  # Numba's own option, not in its stubs
+nrt_free = njit(cache=True, **_OPTIONS)
+nrt_free_core = kernel_only(**_OPTIONS)
+"""An ``nrt_free`` function that only kernels call (:func:`.jit.kernel_only`): the cores that a
+kernel hands its loops to."""

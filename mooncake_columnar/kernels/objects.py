@@ -6,7 +6,9 @@ the same calls made one after another.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from .jit import njit
 
 from ..errors import ErrorCode
 from ..schema import (FLAG_GROUP_REFRESH, FLAG_GROUPED, FLAG_PROCESSING, KIND_MEMORY, ST_COMPLETE, ST_EMPTY,
@@ -16,7 +18,7 @@ from .chains import next_row
 from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
 from .moves import move
-from .nrt_free import nrt_free
+from .nrt_free import nrt_free, nrt_free_core
 from .prefetch import prefetch
 from .leases import commit_soft_pin, grant_until
 from .rowbits import bit, words_for
@@ -45,7 +47,7 @@ _ST_DONE = int(ST_COMPLETE)
 _ST_EMPTY = int(ST_EMPTY)
 
 
-@nrt_free
+@nrt_free_core
 def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, used, starts, lengths, base,
                counts, tried, out_seg, out_off):
     """Allocate up to replica_num replicas on distinct segments: preferred first, then most free.
@@ -80,9 +82,9 @@ def _place_one(size, replica_num, preferred, allocatable, capacity, unit_bits, u
     return placed
 
 
-@njit(cache=True)
-def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
-                     table, arena, arena_used, key_refs, row_tenant,
+@nrt_free
+def _insert_new_puts(seg_buf, off_buf, tried, hashes, picks, offsets, data, tenant, sizes, replica_num, preferred,
+                     free_rows, table, arena, arena_used, key_refs, row_tenant,
                      allocatable, capacity, unit_bits, used, starts, lengths, base, counts,
                      rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
                      codes, out_rows, ex_row, ex_seg, ex_off, ex_id):
@@ -91,24 +93,9 @@ def _insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred
     Takes rows from ``free_rows`` in order; writes codes/out_rows per key. Replicas beyond the
     row's slots (a wide put) go to ``ex_*`` (object row, segment, byte offset, id) for the caller
     to place in continuation rows. Returns (rows used, new arena size, next replica id, extras).
+    The first four are scratch (:func:`insert_new_puts` allocates them): no reference counting
+    here (:mod:`.nrt_free`), and no kernel of its own around this one to compile.
     """
-    # scratch all int64 (tried: 0/1; hashes: their bits, cast back): one np.empty specialisation to compile
-    return _insert_into(np.empty(replica_num, np.int64), np.empty(replica_num, np.int64),
-                        np.empty(allocatable.shape[0], np.int64), np.empty(_BLOCK, np.int64),
-                        picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows,
-                        table, arena, arena_used, key_refs, row_tenant,
-                        allocatable, capacity, unit_bits, used, starts, lengths, base, counts,
-                        rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
-                        codes, out_rows, ex_row, ex_seg, ex_off, ex_id)
-
-
-@nrt_free
-def _insert_into(seg_buf, off_buf, tried, hashes, picks, offsets, data, tenant, sizes, replica_num, preferred,
-                 free_rows, table, arena, arena_used, key_refs, row_tenant,
-                 allocatable, capacity, unit_bits, used, starts, lengths, base, counts,
-                 rep_seg, rep_off, rep_status, rep_kind, rep_id, next_replica_id,
-                 codes, out_rows, ex_row, ex_seg, ex_off, ex_id):
-    """:func:`_insert_new_puts`' loop, given its scratch arrays (no reference counting: :mod:`.nrt_free`)."""
     used_rows = 0
     extras = 0
     hot = rep_status.shape[1]
@@ -162,11 +149,15 @@ def _insert_into(seg_buf, off_buf, tried, hashes, picks, offsets, data, tenant, 
 _insert_new_puts_nogil = variant(_insert_new_puts, "_nogil", nogil=True)
 
 
-def insert_new_puts(picks, *args):
-    """See :func:`_insert_new_puts` (drops the GIL for batches, see :mod:`.dispatch`)."""
-    if picks.shape[0] < BATCH_MIN:
-        return _insert_new_puts(picks, *args)
-    return _insert_new_puts_nogil(picks, *args)
+def insert_new_puts(picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows, table, arena,
+                    arena_used, key_refs, row_tenant, allocatable, *args):
+    """See :func:`_insert_new_puts`, given its scratch (drops the GIL for batches, see :mod:`.dispatch`)."""
+    # scratch all int64 (tried: 0/1; hashes: their bits, cast back)
+    scratch = (np.empty(replica_num, np.int64), np.empty(replica_num, np.int64),
+               np.empty(allocatable.shape[0], np.int64), np.empty(_BLOCK, np.int64))
+    kernel = _insert_new_puts if picks.shape[0] < BATCH_MIN else _insert_new_puts_nogil
+    return kernel(*scratch, picks, offsets, data, tenant, sizes, replica_num, preferred, free_rows, table, arena,
+                  arena_used, key_refs, row_tenant, allocatable, *args)
 
 
 @nrt_free

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
+from .jit import njit
 
 UNUSED = 0xFFFFFFFF  # upstream's "no node" index
 NUM_TOP_BINS = 32

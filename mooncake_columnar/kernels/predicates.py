@@ -11,7 +11,7 @@ predicates over whole NumPy columns, for the vectorised paths outside kernels.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from .chains import next_row
 from .slot_index import slot_value

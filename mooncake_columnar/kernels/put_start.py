@@ -3,7 +3,7 @@ restore or standby apply loads): one pass for their range, one to store them, no
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 
 @njit(cache=True, nogil=True)

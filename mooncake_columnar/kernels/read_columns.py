@@ -15,11 +15,12 @@ fix a layout would take the kernel's lease writes away from the store's column.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, types
+from numba import carray, types
 from numba.extending import intrinsic
 
 from ..errors import InternalError
 from ..schema import CODE_DTYPE, OBJECT_COLUMNS, REPLICA_COLUMNS
+from .jit import njit
 
 # the fields, in the order column_table takes them, with the dtype and dimensions read_one reads
 FIELDS = ("table", "arena", "key_refs", "row_tenant", "flags", "lease", "rep_status", "rep_kind",

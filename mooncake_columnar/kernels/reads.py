@@ -15,7 +15,9 @@ see kernels/leases.grant_read_lease for what the other shapes cost.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, set_parallel_chunksize
+from numba import prange, set_parallel_chunksize
+
+from .jit import njit
 
 from ..errors import ErrorCode
 from ..schema import CODE_DTYPE, KIND_MEMORY
@@ -24,7 +26,7 @@ from .allocation import offset_shift
 from .chains import next_row
 from .dispatch import BATCH_MIN, variant
 from .leases import grant_group_read_lease, grant_read_lease
-from .nrt_free import nrt_free
+from .nrt_free import nrt_free_core
 from .predicates import is_readable_replica, slot_in_use, slot_is_removed
 from .prefetch import prefetch
 from .read_columns import columns_at
@@ -168,7 +170,7 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     return out_i, out_id, out_seg, out_addr, out_size
 
 
-@nrt_free
+@nrt_free_core
 def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_tenant, offsets, data, tenants, now,
                    ttl_ns, flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable, more, want_replicas,
                    codes, rows):
@@ -199,7 +201,7 @@ def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_te
     return count
 
 
-@nrt_free
+@nrt_free_core
 def _describe_span(lo, hi, k, rows, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
                    rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size):
     """:func:`_read_batch`'s second pass over keys lo..hi: their readable replicas' descriptors,
@@ -262,7 +264,7 @@ def read_one(columns, key, tenant, now, ttl_ns):
                      now, ttl_ns)
 
 
-@nrt_free
+@nrt_free_core
 def _read_one(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more,
               rep_id, rep_offset, size_bytes, unit_bits, data, t, now, ttl_ns):
     start = np.int64(0)

@@ -12,7 +12,7 @@ recovery and ``SegmentTable.rebuild_allocator`` all come here.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from ..schema import KIND_MEMORY
 from .allocation import by_segment, held_end, order_by_segment_offset

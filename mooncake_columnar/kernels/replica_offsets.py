@@ -8,13 +8,13 @@ expressions that took five temporaries per replica, here one output array.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .allocation import offset_shift
-from .nrt_free import nrt_free
+from .jit import njit
+from .nrt_free import nrt_free_core
 
 
-@nrt_free
+@nrt_free_core
 def _to_bytes(column, kind, seg, unit_bits, out):
     for i in range(column.shape[0]):
         out[i] = np.int64(column[i]) << offset_shift(kind[i], seg[i], unit_bits)
@@ -29,7 +29,7 @@ def byte_offsets_of(column, kind, seg, unit_bits):
     return out
 
 
-@nrt_free
+@nrt_free_core
 def _to_column(offsets, kind, seg, unit_bits, out):
     for i in range(offsets.shape[0]):
         out[i] = np.uint32(np.int64(offsets[i]) >> offset_shift(kind[i], seg[i], unit_bits))

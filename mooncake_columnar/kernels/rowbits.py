@@ -7,7 +7,7 @@ sparse set skip 64 rows per empty word.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 
 @njit(inline="always", cache=True)

@@ -9,7 +9,7 @@ still names its owner.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 _FIB = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads the near-sequential rows
 

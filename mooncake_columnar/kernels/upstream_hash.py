@@ -3,7 +3,7 @@ over a whole Arrow string column, so v1 shard routing is checked without a Pytho
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from .hashing import load_word
 
