@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
+from ..kernels.jit import njit
 from ..errors import EngineInvariantError, OpLogError, OpLogInvalidEntry, SnapshotFieldError
 from ..kernels import allocation as ak
 from ..kernels import hashing as hk

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
+from ..kernels.jit import njit
 from ..errors import WindowFull
 from ..kernels.allocation import offset_shift
 from ..kernels.chains import next_row

@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numba import njit
 
+from ..kernels.jit import njit
 from ..clock import INT64_MAX
 from ..kernels import allocation as ak
 from ..kernels.predicates import memory_replica_on_mask

@@ -4,8 +4,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from ..kernels.jit import njit
 from ..kernels import hashing as hk
 from ..kernels.predicates import is_live
 from ..schema import FLAG_LIVE

@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numba import njit
 
+from ..kernels.jit import njit
 from ..kernels.chains import next_row
 from ..kernels.predicates import is_grouped, is_live, is_put_in_flight
 from ..kernels.slot_index import find_slot

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from ..kernels.jit import njit
 from ..clock import INT64_MAX, INT64_MIN, NS_PER_MS
 from ..errors import ClockConversionError
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from numba import njit
 
+from ..kernels.jit import njit
 from ..clock import INT64_MAX, NS_PER_MS
 from ..errors import (
     SnapshotExtentError,

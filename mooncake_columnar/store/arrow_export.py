@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
+from ..kernels.jit import njit
 from ..kernels import arena as arena_k
 from ..kernels import chains as chain_k
 from ..kernels import hashing as hk

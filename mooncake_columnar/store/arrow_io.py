@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from numba import njit
 
+from ..kernels.jit import njit
 from ..errors import SegmentExtentsCorrupt, SnapshotExtentError
 from ..schema import (
     FLAG_HARD_PINNED,

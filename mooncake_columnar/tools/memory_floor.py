@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from ..kernels.jit import njit
 from ..kernels import hashing as hk
 from ..master import MasterService
 from ..messages import DEFAULT_TENANT
