@@ -37,13 +37,11 @@ class Clocks(Protocol):
 
 
 class MonotonicClocks:
-    """The real clocks of this process."""
+    """The real clocks of this process: the C functions themselves, not methods that call them
+    (every single-key call reads the steady clock; a method around it added about 0.1 us)."""
 
-    def steady_ns(self) -> int:
-        return time.monotonic_ns()
-
-    def system_ns(self) -> int:
-        return time.time_ns()
+    steady_ns = staticmethod(time.monotonic_ns)
+    system_ns = staticmethod(time.time_ns)
 
 
 class ManualClocks:
