@@ -191,10 +191,12 @@ def fill_slot(table, slot, h, row):
 
 
 @njit(inline="always", cache=True)
-def delete_in(table, want, home, stop):
+def delete_in(table, want, home, stop, empty_before=-1):
     """Backward-shift delete of slot value ``want`` whose probe starts at ``home``, touching only
     slots before slot ``stop`` (the end of the caller's window; -1: no limit). Returns 1 deleted,
-    0 absent, -1 not attempted (its probe run reaches ``stop``; nothing was changed)."""
+    0 absent, -1 not attempted (its probe run reaches ``stop``; nothing was changed).
+    ``empty_before``: an empty slot of the window (-1: none known); a run found before it ends
+    there at the latest, so it is not walked first to check that it ends inside the window."""
     size = table.shape[0]
     i = home
     while table[i] != want:
@@ -203,11 +205,12 @@ def delete_in(table, want, home, stop):
         i = next_slot(i, size)
         if i == stop:
             return -1
-    end = i  # the run after the hole must also end inside the window
-    while table[end] != EMPTY_SLOT:
-        end = next_slot(end, size)
-        if end == stop:
-            return -1
+    if stop >= 0 and not i < empty_before:  # the run after the hole must also end inside the window
+        end = i
+        while table[end] != EMPTY_SLOT:
+            end = next_slot(end, size)
+            if end == stop:
+                return -1
     j = i
     while True:
         j = next_slot(j, size)

@@ -7,7 +7,7 @@ import numpy as np
 from numba import prange
 
 from .dispatch import BATCH_MIN, variant
-from .hashing import (delete_in, delete_row, fill_slot, find_or_empty_slot, hash_key, home_slot, ref_length,
+from .hashing import (EMPTY_SLOT, delete_in, delete_row, fill_slot, find_or_empty_slot, hash_key, home_slot, ref_length,
                       ref_offset, region_of, region_start, slot_entry)
 from .jit import njit
 from .nrt_free import nrt_free
@@ -141,6 +141,7 @@ def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
     crossed = np.zeros(n, np.bool_)
     for g in prange(regions):
         stop = region_start(g + 1, size, regions)
+        last_empty = _last_empty(table, region_start(g, size, regions), stop)
         order = _by_home(grouped_hs, start[g], start[g + 1], size, g, regions)
         for b in range(0, order.shape[0], _BLOCK):
             for t in range(b, min(order.shape[0], b + _BLOCK)):  # a block's home slots first: misses overlap
@@ -151,12 +152,25 @@ def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
                 prefetch(table, min(size - 1, home + _SLOTS_PER_LINE))
             for t in range(b, min(order.shape[0], b + _BLOCK)):
                 h = grouped_hs[order[t]]
-                if delete_in(table, slot_entry(h, grouped_rows[order[t]]), home_slot(h, size), stop) < 0:
+                if delete_in(table, slot_entry(h, grouped_rows[order[t]]), home_slot(h, size), stop, last_empty) < 0:
                     crossed[order[t]] = True
     for t in range(n):
         if crossed[t]:
             delete_row(table, grouped_rows[t], grouped_hs[t])
     return key_bytes.sum()
+
+
+@njit(inline="always", cache=True)
+def _last_empty(table, lo, stop):
+    """The last empty slot of window lo..stop-1 (``stop`` 0: the table's end), or -1 if none.
+    Deletes leave it empty (entries only shift back into the holes of their own run), so a run
+    before it never reaches the window's end: those deletes skip the check."""
+    i = (stop if stop > 0 else table.shape[0]) - 1
+    while i >= lo:
+        if table[i] == EMPTY_SLOT:
+            return i
+        i -= 1
+    return -1
 
 
 _SUB_BITS = 8
