@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -61,6 +62,9 @@ class RestoreStats:
     conversion_failures: int = 0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (snapshot_id, "Type: message")
     rejections: list[tuple[str, SnapshotError]] = field(default_factory=list)  # (snapshot_id, typed error)
+    # wall seconds of the restored candidate's phases: "decode" (read, checksums, decode,
+    # validation, clock conversion), "cleanup", "build" (``build``'s: the engine rebuild)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def max_granted_ttl_ns(config: MasterConfig | None = None) -> int:
@@ -233,12 +237,16 @@ def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
     for snapshot_id in repo.candidates():
         stats.candidates_tried += 1
         try:
+            t0 = time.perf_counter()
             state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks,
                                                        check_unique_keys=not build_checks_unique_keys,
                                                        max_ttl_ns=max_ttl_ns,
                                                        max_decompressed_bytes=max_decompressed_bytes)
+            t1 = time.perf_counter()
             state, dropped = cleanup_state(state, now_ns, drop_expired)
+            t2 = time.perf_counter()
             built = build(state)
+            stats.phase_seconds = {"decode": t1 - t0, "cleanup": t2 - t1, "build": time.perf_counter() - t2}
         except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)
             error = as_snapshot_error(e)
             stats.fallbacks += 1

@@ -223,19 +223,20 @@ class SnapshotState:
         for name, schemas in _LAYOUTS.items():
             check_table(getattr(self, name), schemas, name)
         next_id = self._validate_next_id()
-        self._validate_objects(check_unique_keys)
+        size_bytes = _np(self.objects, "size_bytes")  # once: a column of several batches converts by a copy
+        self._validate_objects(size_bytes, check_unique_keys)
         self._validate_checksums()
         unit_bits = self._validate_segments()
         if replicas:
-            check_replicas(self.replicas, _np(self.objects, "replica_count"), _np(self.objects, "size_bytes"),
-                           self.segments, next_id, unit_bits,
+            check_replicas(self.replicas, _np(self.objects, "replica_count"), size_bytes, self.segments, next_id,
+                           unit_bits,
                            check_unique_keys if check_overlaps is None else check_overlaps)
         return self
 
     def _validate_next_id(self) -> int:
         return check_next_id(self.replica_next_id)
 
-    def _validate_objects(self, check_unique_keys: bool = True) -> None:
+    def _validate_objects(self, size_bytes: np.ndarray, check_unique_keys: bool = True) -> None:
         objs = self.objects
         if check_unique_keys and objs.num_rows:
             pairs = pa.table({"tenant": name_codes(objs.column("tenant"))[0], "key": objs.column("key")})
@@ -245,7 +246,7 @@ class SnapshotState:
             if pairs.group_by(["tenant", "key"], use_threads=False).aggregate([]).num_rows != objs.num_rows:
                 raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
         key_bytes = pc.binary_length(objs.column("key")).to_numpy() if objs.num_rows else np.zeros(0, np.int64)
-        check_object_columns(_np(objs, "size_bytes"), _np(objs, "put_start_time_ms"), key_bytes)
+        check_object_columns(size_bytes, _np(objs, "put_start_time_ms"), key_bytes)
 
     def _validate_checksums(self) -> None:
         check_table(self.checksums, CHECKSUMS_ARROW_SCHEMA, "checksums")
