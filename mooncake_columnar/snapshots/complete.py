@@ -135,8 +135,9 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
     n = objects.num_rows
     rep_keep = replicas.column("status").to_numpy() == ST_COMPLETE
     all_complete = bool(rep_keep.all())
-    obj_index = replicas.column("object_index").to_numpy()
-    complete_count = (objects.column("replica_count").to_numpy() if all_complete
+    # (a column of several record batches converts by a copy: object_index only when it is needed)
+    obj_index = None if all_complete else replicas.column("object_index").to_numpy()
+    complete_count = (objects.column("replica_count").to_numpy() if obj_index is None
                       else np.bincount(obj_index[rep_keep], minlength=n))
     keep = complete_count > 0  # hard pin does not hide unrecoverable in-progress state
     if drop_expired:
@@ -153,6 +154,8 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
         return dataclasses.replace(state, objects=objects.set_column(
             idx, objects.schema.field("processing"), pa.array(np.zeros(n, np.bool_)))), 0
     new_index = np.cumsum(keep, dtype=np.int64) - 1
+    if obj_index is None:
+        obj_index = replicas.column("object_index").to_numpy()
     rep_keep &= keep[obj_index]
     replicas = replicas.filter(pa.array(rep_keep))
     replicas = replicas.set_column(
