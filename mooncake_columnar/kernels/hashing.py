@@ -64,6 +64,12 @@ def hash_key(data, start, length, tenant):
     return mix64(h)
 
 
+# hash_key inlined into the caller's loop, for passes that hash millions of keys: a call from one
+# cached kernel to another stays a call (the callee is linked as machine code), which doubled the
+# hash pass of a restore's key-index build (10M 32-byte keys: 0.55 -> 0.28 s of CPU inlined)
+hash_key_inline = njit(inline="always", cache=True)(getattr(hash_key, "py_func", hash_key))
+
+
 @njit(inline="always", cache=True)
 def key_ref(offset, length):
     return (np.int64(offset) << KEY_LENGTH_BITS) | np.int64(length)

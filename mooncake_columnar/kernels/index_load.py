@@ -50,7 +50,9 @@ def _hash_and_count(rows, arena, key_refs, row_tenant, size, n_windows):
     counts = np.zeros((_CHUNKS, n_windows), np.int64)
     for c in prange(_CHUNKS):
         for i in range(c * n // _CHUNKS, (c + 1) * n // _CHUNKS):
-            tag = hk.hash_tag(hk.row_hash(arena, key_refs, row_tenant, rows[i]))
+            r = rows[i]
+            ref = key_refs[r]
+            tag = hk.hash_tag(hk.hash_key_inline(arena, hk.ref_offset(ref), hk.ref_length(ref), row_tenant[r]))
             tags[i] = tag
             counts[c, hk.region_of(hk.tag_home(tag, size), size, n_windows)] += 1
     return tags, counts

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -61,6 +62,9 @@ class RestoreStats:
     conversion_failures: int = 0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (snapshot_id, "Type: message")
     rejections: list[tuple[str, SnapshotError]] = field(default_factory=list)  # (snapshot_id, typed error)
+    # wall seconds of the restored candidate's phases: "decode" (read, checksums, decode,
+    # validation, clock conversion), "cleanup", "build" (``build``'s: the engine rebuild)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def max_granted_ttl_ns(config: MasterConfig | None = None) -> int:
@@ -131,8 +135,9 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
     n = objects.num_rows
     rep_keep = replicas.column("status").to_numpy() == ST_COMPLETE
     all_complete = bool(rep_keep.all())
-    obj_index = replicas.column("object_index").to_numpy()
-    complete_count = (objects.column("replica_count").to_numpy() if all_complete
+    # (a column of several record batches converts by a copy: object_index only when it is needed)
+    obj_index = None if all_complete else replicas.column("object_index").to_numpy()
+    complete_count = (objects.column("replica_count").to_numpy() if obj_index is None
                       else np.bincount(obj_index[rep_keep], minlength=n))
     keep = complete_count > 0  # hard pin does not hide unrecoverable in-progress state
     if drop_expired:
@@ -149,6 +154,8 @@ def cleanup_state(state: SnapshotState, now_ns: int, drop_expired: bool = True
         return dataclasses.replace(state, objects=objects.set_column(
             idx, objects.schema.field("processing"), pa.array(np.zeros(n, np.bool_)))), 0
     new_index = np.cumsum(keep, dtype=np.int64) - 1
+    if obj_index is None:
+        obj_index = replicas.column("object_index").to_numpy()
     rep_keep &= keep[obj_index]
     replicas = replicas.filter(pa.array(rep_keep))
     replicas = replicas.set_column(
@@ -233,12 +240,16 @@ def restore_latest_with(repo: SnapshotRepository, clocks: Clocks,
     for snapshot_id in repo.candidates():
         stats.candidates_tried += 1
         try:
+            t0 = time.perf_counter()
             state, manifest, now_ns = decode_candidate(repo, snapshot_id, clocks,
                                                        check_unique_keys=not build_checks_unique_keys,
                                                        max_ttl_ns=max_ttl_ns,
                                                        max_decompressed_bytes=max_decompressed_bytes)
+            t1 = time.perf_counter()
             state, dropped = cleanup_state(state, now_ns, drop_expired)
+            t2 = time.perf_counter()
             built = build(state)
+            stats.phase_seconds = {"decode": t1 - t0, "cleanup": t2 - t1, "build": time.perf_counter() - t2}
         except Exception as e:  # any failure rejects the whole candidate (RFC invariant 8)
             error = as_snapshot_error(e)
             stats.fallbacks += 1

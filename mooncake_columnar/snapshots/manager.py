@@ -476,9 +476,12 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         # passes MasterService.verify() (its key lookups were proven by the index build).
         master = MasterService.from_state(state, config=config, clocks=clocks, segments_readable=True,
                                           validated=True)
+        t0 = time.perf_counter()
         master.verify(key_lookups=False)
+        verify_seconds.append(time.perf_counter() - t0)
         return master
 
+    verify_seconds: list[float] = []  # each built candidate's self-check
     limit = (config or MasterConfig()).snapshot_max_decompressed_bytes
     try:
         master, manifest, stats = restore_latest_with(view, clocks, build,  # type: ignore[arg-type]
@@ -496,6 +499,7 @@ def restore_master(repo: SnapshotRepository, *, config: MasterConfig | None = No
         if warmer is not None:
             warmer.wait()
     stats = _with_notes(stats, view.notes)
+    stats.phase_seconds["verify"] = verify_seconds[-1]  # part of "build"
     if view.storage_errors:
         raise SnapshotStorageUnavailable(
             f"snapshot storage failed while reading a newer candidate ({view.storage_errors[0]}); "

@@ -193,7 +193,8 @@ class SnapshotState:
         return replace(self, objects=encode(self.objects, OBJECTS_PAYLOAD_SCHEMA),
                        replicas=encode(self.replicas, REPLICAS_PAYLOAD_SCHEMA))
 
-    def validate(self, *, check_unique_keys: bool = True, check_overlaps: bool | None = None) -> "SnapshotState":
+    def validate(self, *, check_unique_keys: bool = True, check_overlaps: bool | None = None,
+                 replicas: bool = True) -> "SnapshotState":
         """Raise a typed error if the state is not internally consistent or a value lies outside
         its domain; return self. Every loader runs it (v2 and v1 restore, standby snapshots, oplog
         apply, ``from_state``), so what passes loads into an engine that passes
@@ -215,21 +216,27 @@ class SnapshotState:
         the (tenant, key) uniqueness check and, unless ``check_overlaps`` says otherwise, the
         extent-overlap sort: both are what the engine guarantees on export (key index, allocator)
         and checks again on load (index insert, allocator rebuild), so a state on its way into or
-        out of an engine skips them here.
+        out of an engine skips them here. ``replicas=False`` leaves out the replica checks beyond
+        the table's schema: a writer that builds the replicas table later checks it then
+        (:func:`check_replicas`).
         """
         for name, schemas in _LAYOUTS.items():
             check_table(getattr(self, name), schemas, name)
         next_id = self._validate_next_id()
-        self._validate_objects(check_unique_keys)
+        size_bytes = _np(self.objects, "size_bytes")  # once: a column of several batches converts by a copy
+        self._validate_objects(size_bytes, check_unique_keys)
         self._validate_checksums()
         unit_bits = self._validate_segments()
-        self._validate_replicas(next_id, unit_bits, check_unique_keys if check_overlaps is None else check_overlaps)
+        if replicas:
+            check_replicas(self.replicas, _np(self.objects, "replica_count"), size_bytes, self.segments, next_id,
+                           unit_bits,
+                           check_unique_keys if check_overlaps is None else check_overlaps)
         return self
 
     def _validate_next_id(self) -> int:
         return check_next_id(self.replica_next_id)
 
-    def _validate_objects(self, check_unique_keys: bool = True) -> None:
+    def _validate_objects(self, size_bytes: np.ndarray, check_unique_keys: bool = True) -> None:
         objs = self.objects
         if check_unique_keys and objs.num_rows:
             pairs = pa.table({"tenant": name_codes(objs.column("tenant"))[0], "key": objs.column("key")})
@@ -239,7 +246,7 @@ class SnapshotState:
             if pairs.group_by(["tenant", "key"], use_threads=False).aggregate([]).num_rows != objs.num_rows:
                 raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
         key_bytes = pc.binary_length(objs.column("key")).to_numpy() if objs.num_rows else np.zeros(0, np.int64)
-        check_object_columns(_np(objs, "size_bytes"), _np(objs, "put_start_time_ms"), key_bytes)
+        check_object_columns(size_bytes, _np(objs, "put_start_time_ms"), key_bytes)
 
     def _validate_checksums(self) -> None:
         check_table(self.checksums, CHECKSUMS_ARROW_SCHEMA, "checksums")
@@ -250,34 +257,6 @@ class SnapshotState:
 
     def _validate_segments(self) -> np.ndarray:
         return check_segments(self.segments)
-
-    def _validate_replicas(self, next_id: int, unit_bits: np.ndarray, check_overlaps: bool = True) -> None:
-        reps, objs = self.replicas, self.objects
-        codes, names = name_codes(reps.column("segment"))
-        seg_rows = _segment_lut(names, self.segments)
-        columns = {name: _np(reps, name) for name in _REPLICA_COLUMNS}
-        check_replica_columns(columns, codes, names, seg_rows, _np(objs, "replica_count"), _np(objs, "size_bytes"),
-                              _np(self.segments, "size"), unit_bits, next_id)
-        if check_overlaps:
-            self._check_overlaps(seg_rows[codes] if codes.size else codes, columns["offset"], columns["size"],
-                                 unit_bits)
-
-    def _check_overlaps(self, seg: np.ndarray, off: np.ndarray, sz: np.ndarray, unit_bits: np.ndarray) -> None:
-        # REMOVED replicas no longer own their extent; every other memory replica does: the
-        # allocator rebuild's check, naming the table rows
-        reps = self.replicas
-        held = np.flatnonzero((_np(reps, "kind") == KIND_MEMORY) & (_np(reps, "status") != ST_REMOVED))
-        size = _np(self.segments, "size")
-        status, fault, *_ = rebuild.free_extents_sorted(seg[held], off[held], sz[held],
-                                                        np.ones(size.size, np.bool_), size, unit_bits)
-        if status == rebuild.OVERLAP:
-            first, second = (int(held[i]) for i in fault[5:])
-            raise SnapshotExtentError("replicas", "offset", second,
-                                      f"extent [{fault[3]}, {fault[4]}) overlaps row {first}'s "
-                                      f"[{fault[1]}, {fault[2]}) on one segment")
-        if status != rebuild.OK:
-            raise SnapshotExtentError("replicas", "offset", int(held[fault[6]]),
-                                      rebuild.fault_message(status, fault, unit_bits, size))
 
     def check_deadline_horizon(self, now_ns: int, max_ttl_ns: int) -> None:
         """Every lease and soft-pin deadline (sentinels aside) at most ``max_ttl_ns`` past
@@ -293,6 +272,39 @@ class SnapshotState:
                 raise SnapshotFieldError("objects", deadline, row,
                                          f"{int(values[row])} is {int(values[row]) - int(now_ns)} ns past the "
                                          f"clock's {int(now_ns)}, more than the longest TTL ({int(max_ttl_ns)} ns)")
+
+
+def check_replicas(replicas: pa.Table, replica_count: np.ndarray, size_bytes: np.ndarray, segments: pa.Table,
+                   next_id: int, unit_bits: np.ndarray, check_overlaps: bool = True) -> None:
+    """The replica checks of :meth:`SnapshotState.validate` on a replicas table (either layout),
+    against its objects' ``replica_count`` and ``size_bytes`` and a checked ``segments`` table
+    (``unit_bits``: :func:`check_segments`'s); ``check_overlaps``: also the extent-overlap sort."""
+    codes, names = name_codes(replicas.column("segment"))
+    seg_rows = _segment_lut(names, segments)
+    columns = {name: _np(replicas, name) for name in _REPLICA_COLUMNS}
+    check_replica_columns(columns, codes, names, seg_rows, replica_count, size_bytes, _np(segments, "size"),
+                          unit_bits, next_id)
+    if check_overlaps:
+        _check_overlaps(replicas, segments, seg_rows[codes] if codes.size else codes, columns["offset"],
+                        columns["size"], unit_bits)
+
+
+def _check_overlaps(reps: pa.Table, segments: pa.Table, seg: np.ndarray, off: np.ndarray, sz: np.ndarray,
+                    unit_bits: np.ndarray) -> None:
+    # REMOVED replicas no longer own their extent; every other memory replica does: the
+    # allocator rebuild's check, naming the table rows
+    held = np.flatnonzero((_np(reps, "kind") == KIND_MEMORY) & (_np(reps, "status") != ST_REMOVED))
+    size = _np(segments, "size")
+    status, fault, *_ = rebuild.free_extents_sorted(seg[held], off[held], sz[held],
+                                                    np.ones(size.size, np.bool_), size, unit_bits)
+    if status == rebuild.OVERLAP:
+        first, second = (int(held[i]) for i in fault[5:])
+        raise SnapshotExtentError("replicas", "offset", second,
+                                  f"extent [{fault[3]}, {fault[4]}) overlaps row {first}'s "
+                                  f"[{fault[1]}, {fault[2]}) on one segment")
+    if status != rebuild.OK:
+        raise SnapshotExtentError("replicas", "offset", int(held[fault[6]]),
+                                  rebuild.fault_message(status, fault, unit_bits, size))
 
 
 def check_segments(segs: pa.Table) -> np.ndarray:

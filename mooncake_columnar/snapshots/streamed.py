@@ -10,11 +10,12 @@ produces, in more record batches.
 
 Three passes over the ranges: the first fixes the name columns' dictionaries (the batches of one
 IPC file share them: :class:`~..store.arrow_export.NameNeeds`), each range's first object index
-and the checksums; the objects file's pass validates each range's objects with its replicas
-(``SnapshotState.validate``, as a whole-state write does, without the checks the engine
-guarantees: unique keys, extents that do not overlap, and here also replica ids unique across
-ranges; a restore checks all of them); the replicas file's pass adds up the segments' used bytes
-that the segments file, written after it, reports.
+and the checksums; the objects file's pass validates each range's objects, the replicas file's
+pass each range's replicas against those objects (together ``SnapshotState.validate``, as a
+whole-state write does, without the checks the engine guarantees: unique keys, extents that do
+not overlap, and here also replica ids unique across ranges; a restore checks all of them; each
+range's replicas table is built once) and adds up the segments' used bytes that the segments
+file, written after it, reports.
 """
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..schema import OBJECTS_PAYLOAD_SCHEMA, REPLICAS_PAYLOAD_SCHEMA
 from ..store.arrow_export import FrozenColumns, FrozenRows, NameNeeds, segments_of
 from .arrow_codec import DigestPayload, IpcPayload, table_payloads
-from .state import SnapshotState
+from .state import SnapshotState, check_next_id, check_replicas, check_segments, check_table
 
 STREAM_ROWS = 1 << 22  # master rows per record batch: ~400 MB of a writer's tables at most
 
@@ -50,26 +52,31 @@ class _Ranges:
         self.needs: NameNeeds = reduce(NameNeeds.__or__, needs)
         self.checksums = pa.concat_tables(sums)
         self.used = np.zeros(len(f.segments), np.int64)
+        self.no_usage = segments_of(f, self.used)  # what the replica checks need of the segments
+        self.unit_bits = check_segments(self.no_usage)
 
     def parts(self) -> Iterator[tuple[FrozenRows, int]]:
         for (lo, hi), first in zip(self.bounds, self.firsts):
             yield FrozenRows(self.f, lo, hi), first
 
     def objects(self) -> Iterator[pa.Table]:
-        empty_segments = segments_of(self.f, np.zeros(len(self.f.segments), np.int64))
+        no_replicas = FrozenRows(self.f, 0, 0).replicas(self.needs)[0]
         for part, _ in self.parts():
             objects = part.objects(self.needs)
-            replicas, _ = part.replicas(self.needs)
-            SnapshotState(objects, replicas, empty_segments, self.f.replica_next_id,
-                          part.checksums()).validate(check_unique_keys=False)
+            SnapshotState(objects, no_replicas, self.no_usage, self.f.replica_next_id,
+                          part.checksums()).validate(check_unique_keys=False, replicas=False)
             yield objects
 
     def replicas(self) -> Iterator[pa.Table]:
         self.used[:] = 0  # (a second write, e.g. a backup copy, adds them up again)
         for part, first in self.parts():
-            replicas, used = part.replicas(self.needs, first)
+            replicas, used = part.replicas(self.needs)
+            check_table(replicas, REPLICAS_PAYLOAD_SCHEMA, "replicas")
+            check_replicas(replicas, part.replica_count(), part.rows(self.f.columns["size_bytes"]), self.no_usage,
+                           check_next_id(self.f.replica_next_id), self.unit_bits, check_overlaps=False)
             self.used += used
-            yield replicas
+            yield replicas.set_column(0, replicas.schema.field(0), pc.add(replicas.column(0), first)) if first \
+                else replicas
 
     def segments(self) -> Iterator[pa.Table]:
         yield segments_of(self.f, self.used)

@@ -313,19 +313,23 @@ class FrozenRows:
             "soft_pin_deadline_ns": self.rows_relative(soft),
             "put_start_time_ms": put_start_ms(self.rows(c["put_start_rel"]), f.put_start_base_ms),
             "processing": _flag(fl, FLAG_PROCESSING),
-            "replica_count": np.sum(self.used, axis=1, dtype=np.int32,
-                                    out=self.alloc("replica_count", (self.n,), np.dtype(np.int32)))
-            if self.chains is None else np.bincount(self.chains[0], self.chains[2].sum(axis=1),
-                                                    minlength=self.n).astype(np.int32),
+            "replica_count": self.replica_count(),
         })
+
+    def replica_count(self) -> np.ndarray:
+        """Each object's replicas (int32; in an ``alloc`` buffer)."""
+        if self.chains is None:
+            return np.sum(self.used, axis=1, dtype=np.int32,
+                          out=self.alloc("replica_count", (self.n,), np.dtype(np.int32)))
+        return np.bincount(self.chains[0], self.chains[2].sum(axis=1), minlength=self.n).astype(np.int32)
 
     def rows_relative(self, a: np.ndarray) -> np.ndarray:
         """``a`` (one value per row of [lo, hi)) at this range's live rows."""
         return a if self.live is None else a[self.live - self.lo]
 
-    def replicas(self, needs: NameNeeds, first_index: int = 0) -> tuple[pa.Table, np.ndarray]:
-        """(the replicas table, object_index from ``first_index``, its segment column over
-        ``needs``' dictionary; the bytes of memory replicas per segment code)."""
+    def replicas(self, needs: NameNeeds) -> tuple[pa.Table, np.ndarray]:
+        """(the replicas table, object_index from 0, its segment column over ``needs``'
+        dictionary; the bytes of memory replicas per segment code)."""
         c, f = self.f.columns, self.f
         kind, rep_status = self._rep("replica_kind"), self._rep("replica_status")
         seg_code = self._segment_codes(needs.segment_clients)
@@ -336,7 +340,7 @@ class FrozenRows:
         from ..snapshots.state import layout_table
         index = r_idx.astype(np.int64, copy=False)
         table = layout_table(REPLICAS_PAYLOAD_SCHEMA, {
-            "object_index": index + first_index if first_index else index,
+            "object_index": index,
             "replica_id": self._rep("replica_id"),
             "kind": kind,
             "status": rep_status,

@@ -6,7 +6,8 @@ cache). ``snapshot_rewrite_seconds`` is the next snapshot (reusing the freeze bu
 in-process freeze); ``snapshot_periodic_seconds`` the fourth, the steady state: retention deleted
 the first and the writer overwrites its recycled files in place. Restore = ``restore_master``: strict manifest,
 digest, decode, validation, clock conversion, cleanup and the engine rebuild, timed after the
-manager stopped (a restore runs in a process without a snapshot writer). Baseline: a NumPy copy of
+manager stopped (a restore runs in a process without a snapshot writer), with its phases
+(``snapshot_restore_{decode,cleanup,engine,verify}_seconds``: ``RestoreStats.phase_seconds``). Baseline: a NumPy copy of
 the master's object columns; floors: the snapshot's bytes written to fresh files, and fresh memory
 as large as the restored engine touched once. A prefix of the same table (``v1_sample_objects``)
 is also encoded and decoded as upstream v1 (msgpack + zstd) for a per-object side-by-side ratio.
@@ -143,6 +144,7 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
         t0 = time.perf_counter()
         restored, stats = restore_master(repo, config=m.config, clocks=restore_clocks)
         restore_s = time.perf_counter() - t0
+        restore_phases = stats.phase_seconds
         engine_bytes = sum(restored.metadata_bytes().values())
         del restored
         # the engine plus the restore's temporaries (deadline copies, index build scratch)
@@ -181,6 +183,11 @@ def bench_snapshot(objects: int, *, segments: int = 4, replicas: int = 1, show_p
         "snapshot_writer_private_bytes": writer_private,
         "snapshot_restore_seconds": restore_s,
         "snapshot_restore_warm_memory_seconds": warm_restore_s,
+        # the cold restore's phases (engine: the rebuild without its self-check)
+        "snapshot_restore_decode_seconds": restore_phases["decode"],
+        "snapshot_restore_cleanup_seconds": restore_phases["cleanup"],
+        "snapshot_restore_engine_seconds": restore_phases["build"] - restore_phases["verify"],
+        "snapshot_restore_verify_seconds": restore_phases["verify"],
         "snapshot_bytes": snapshot_bytes,
         "bytes_per_object": snapshot_bytes / max(1, objects),
         "restored_objects": restored.object_count(),

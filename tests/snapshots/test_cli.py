@@ -190,6 +190,8 @@ def test_bench_snapshot_20k_objects() -> None:
                  "restore_ratio_to_baseline", "peak_rss_bytes", "snapshot_lock_held_seconds"):
         assert r[name] > 0, name
     assert r["restored_objects"] == 20_000
+    phases = [r[f"snapshot_restore_{p}_seconds"] for p in ("decode", "cleanup", "engine", "verify")]
+    assert min(phases) >= 0 and sum(phases) <= r["snapshot_restore_seconds"]
 
 
 def test_bench_snapshot_cli_json(capsys) -> None:

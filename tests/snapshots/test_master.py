@@ -150,6 +150,8 @@ def test_phase3_active_lease_with_known_downtime_and_restore_time(tmp_path: Path
         assert after[key][0] - now == remaining_at_snapshot[key] - downtime - restore_time
         assert after[key][0] == _expected(before[key][0], clocks.system_ns(), c0, s1, c1)
     assert r.metrics.get("restore_v2_total") == 1 and r.metrics.get("restore_v1_total") == 0
+    assert set(stats.phase_seconds) == {"decode", "cleanup", "build", "verify"}
+    assert 0 <= stats.phase_seconds["verify"] <= stats.phase_seconds["build"]
     # leased objects are readable right away on the restored master
     assert [d.segment for d in r.get_replica_list("leased_late")] and r.exist_key("leased")
 

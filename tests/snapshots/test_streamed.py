@@ -53,16 +53,44 @@ def test_ranges_write_the_tables_of_a_whole_state_write(rows: int) -> None:
     assert pa.ipc.open_file(payloads[REPLICAS_FILE]).num_record_batches == batches
 
 
-def test_a_range_that_fails_validation_publishes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("column, value, field", [("size_bytes", 0, "size_bytes"),  # the objects pass
+                                                   ("replica_id", 0, "replica_id"),  # the replicas pass
+                                                   ("replica_kind", 99, "kind")])
+def test_a_range_that_fails_validation_publishes_nothing(tmp_path: Path, column: str, value: int,
+                                                         field: str) -> None:
     m, _ = _varied_master()
     frozen = freeze(m.store, None)
-    frozen.columns["size_bytes"][frozen.rows - 1] = 0  # a forged value in the last range only
+    live = frozen.columns["flags"] != 0
+    last = int(live.nonzero()[0][-1])
+    frozen.columns[column][last] = value  # a forged value in the last range only
     repo = SnapshotRepository(tmp_path)
     from mooncake_columnar.errors import SnapshotFieldError
     from mooncake_columnar.snapshots.writer import publish_payloads
-    with pytest.raises(SnapshotFieldError):
+    with pytest.raises(SnapshotFieldError) as raised:
         publish_payloads(repo, streamed.frozen_payloads(frozen, None, 16), 1, 1)
+    assert raised.value.field == field
     assert repo.published() == []
+
+
+def test_each_ranges_replicas_table_is_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The objects pass checks the objects alone; the replicas pass checks each range's replicas
+    table, the one it writes, against that range's objects."""
+    from mooncake_columnar.store.arrow_export import FrozenRows
+    m, _ = _varied_master()
+    frozen = freeze(m.store, None)
+    built: list[tuple[int, int]] = []
+    replicas = FrozenRows.replicas
+
+    def counted(self, needs):
+        if self.hi > self.lo:  # (not the empty table that gives the schema)
+            built.append((self.lo, self.hi))
+        return replicas(self, needs)
+
+    monkeypatch.setattr(FrozenRows, "replicas", counted)
+    payloads = streamed.frozen_payloads(frozen, None, 16)
+    for name in (OBJECTS_FILE, REPLICAS_FILE):
+        payloads[name].to_buffer()
+    assert sorted(built) == [(lo, min(lo + 16, frozen.rows)) for lo in range(0, frozen.rows, 16)]
 
 
 @pytest.mark.skipif(not FORK_AVAILABLE, reason="fork() is POSIX only")
