@@ -105,7 +105,9 @@ def test_batch_put_end_larger_than_the_window_journals_every_completed_put(clock
     writer = OpLogWriter(store, window=8, clocks=clocks)
     writer.start()  # frees window space while the batch waits for it
     try:
-        m = MasterService(MasterConfig(), clocks=clocks, journal=writer)
+        # the writer thread must drain the window within the admission timeout: 10 s, not the
+        # default 50 ms that a loaded host missed (codes -1010 from the 16th key on)
+        m = MasterService(MasterConfig(oplog_admission_timeout_ms=10_000), clocks=clocks, journal=writer)
         m.mount_segment("seg0", endpoint="10.0.0.0:1234", client_id="client0", base=1 << 32, size=64 << 20)
         keys = [f"k{i}" for i in range(50)] + ["k3", "missing"]
         m.batch_put_start(keys[:50], [64] * 50, client_id="client0")
