@@ -4,7 +4,7 @@ A compiled call unboxes each argument: a NumPy array costs about 0.2 us, and one
 holding the columns (what this module built until session 12) cost about 0.3 us plus a
 reference count in and out for each column the kernel took from it: 0.55 us of a 1.6 us read
 in cache. So the columns go over as the address of an int64 *column table*, (data address,
-rows, slots) per column, and the kernel views them with ``numba.carray``: nothing to unbox,
+rows, slots) per column, and the kernel views them (:func:`columns_at`, like ``numba.carray``): nothing to unbox,
 allocate or count.
 
 The views hold no reference. Whoever builds a table keeps it and the arrays it describes alive,
@@ -14,13 +14,16 @@ fix a layout would take the kernel's lease writes away from the store's column.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from numba import carray, types
+from numba import types
 from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
+from numba.np.numpy_support import from_dtype
 
 from ..errors import InternalError
 from ..schema import CODE_DTYPE, OBJECT_COLUMNS, REPLICA_COLUMNS
-from .jit import njit
 
 # the fields, in the order column_table takes them, with the dtype and dimensions read_one reads
 FIELDS = ("table", "arena", "key_refs", "row_tenant", "flags", "lease", "rep_status", "rep_kind",
@@ -54,35 +57,37 @@ def column_table(*columns: np.ndarray) -> np.ndarray:
     return out
 
 
+def _array_type(name: str) -> types.Array:
+    dtype, ndim = _LAYOUT[name]
+    return types.Array(from_dtype(np.dtype(dtype)), ndim, "C")
+
+
+_VIEWS = types.Tuple([_array_type(name) for name in FIELDS])  # what columns_at returns
+
+
 @intrinsic
-def _pointer(typingctx, address, dtype):
-    """``address`` (an int64) as a pointer to ``dtype`` (a NumPy scalar type), for carray."""
-    pointer = types.CPointer(dtype.dtype)
+def columns_at(typingctx, address):
+    """The columns of the column table at ``address`` (an int64; :data:`FIELDS` order), as views
+    (C-contiguous, no reference held). One intrinsic: the 15 views cost one typing step and a
+    few loads each, where inlined ``carray`` calls were typed and lowered one by one (a second
+    of the first read's compile on an empty Numba cache)."""
+    if not isinstance(address, types.Integer):
+        return None
 
     def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(pointer))
+        intp = context.get_value_type(types.intp)
+        table = builder.inttoptr(args[0], intp.as_pointer())
+        views = []
+        for i, aryty in enumerate(_VIEWS):
+            def entry(k: int, i: int = i) -> Any:
+                return builder.load(builder.gep(table, [intp(_WIDTH * i + k)]))
+            shape = [entry(1 + d) for d in range(aryty.ndim)]
+            itemsize = context.get_abi_sizeof(context.get_data_type(aryty.dtype))
+            strides = [intp(itemsize)] if aryty.ndim == 1 else [builder.mul(shape[1], intp(itemsize)), intp(itemsize)]
+            view = context.make_array(aryty)(context, builder)
+            data = builder.inttoptr(entry(0), context.get_data_type(aryty.dtype).as_pointer())
+            populate_array(view, data=data, shape=shape, strides=strides, itemsize=intp(itemsize), meminfo=None)
+            views.append(view._getvalue())
+        return context.make_tuple(builder, _VIEWS, views)
 
-    return pointer(types.int64, dtype), codegen
-
-
-@njit(inline="always", cache=True)
-def _column(t, i, dtype):
-    return carray(_pointer(t[_WIDTH * i], dtype), (t[_WIDTH * i + 1],))
-
-
-@njit(inline="always", cache=True)
-def _slot_column(t, i, dtype):
-    return carray(_pointer(t[_WIDTH * i], dtype), (t[_WIDTH * i + 1], t[_WIDTH * i + 2]))
-
-
-_T = tuple(_LAYOUT[name][0] for name in FIELDS)  # the dtypes, as globals the kernel below reads
-
-
-@njit(inline="always", cache=True)
-def columns_at(address):
-    """The columns of the column table at ``address`` (:data:`FIELDS` order), as views."""
-    t = carray(_pointer(address, np.int64), (_TABLE_LENGTH,))
-    return (_column(t, 0, _T[0]), _column(t, 1, _T[1]), _column(t, 2, _T[2]), _column(t, 3, _T[3]),
-            _column(t, 4, _T[4]), _column(t, 5, _T[5]), _slot_column(t, 6, _T[6]), _slot_column(t, 7, _T[7]),
-            _slot_column(t, 8, _T[8]), _column(t, 9, _T[9]), _column(t, 10, _T[10]), _slot_column(t, 11, _T[11]),
-            _slot_column(t, 12, _T[12]), _column(t, 13, _T[13]), _column(t, 14, _T[14]))
+    return _VIEWS(types.int64), codegen
