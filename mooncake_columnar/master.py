@@ -21,7 +21,6 @@ from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
 from .config import MasterConfig
 from .errors import ErrorCode, InvalidParams, SegmentAlreadyExists
 from .integrity import verify_engine
-from .kernels import leases as lk
 from .locking import MasterLock
 from .messages import DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfig, SegmentInfo
 from .metrics import Metrics
@@ -32,7 +31,7 @@ from .policies.discard import discard_expired_puts
 from .policies.recovery import RemountReport
 from .policies.segments import ClientLiveness, require_client
 from .policies.views import ReplicaColumns
-from .schema import MAX_KEY_BYTES, OBJECTS_ARROW_SCHEMA, PingStatus
+from .schema import OBJECTS_ARROW_SCHEMA, PingStatus
 from .store.arrow_export import export_tables
 from .store.arrow_io import load_tables
 from .store.keys import as_string_array, string_buffers
@@ -261,24 +260,6 @@ class MasterService:
         removal.revoke(self, int(self.store.lookup(offsets, data, tenant_id)[0]), client, f"put_revoke {key!r}")
 
     # ================================================================================ reads
-    def _read_one(self, key: str, tenant_id: str) -> tuple:
-        """The single-key read kernel's answer for ``key`` (kernels/reads.read_one: the lease
-        granted on OK, the group's too); the caller holds the lock. No NumPy array or Arrow
-        object per call."""
-        k = key if type(key) is str and key and key.isascii() else require_str("key", key)
-        b = k.encode()
-        if len(b) > MAX_KEY_BYTES:
-            raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
-        s = self.store
-        tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
-        now = self.clocks.steady_ns()
-        answer = self._single_reader.read(b, tenant, now, self.lease_ttl_ns)
-        if answer[2]:  # a grouped object whose group awaits the lease
-            o = s.objects
-            lk.grant_group_read_lease(answer[1], now, self.lease_ttl_ns, o.lease_deadline_ns, o.flags,
-                                      s.group_of.links())
-        return answer
-
     # get_replica_list and exist_key take the lock themselves, as the decorator ``locked`` would with
     # reading=True (they may run between the steps of a staged growth): its wrapper's call with
     # *args, **kwargs alone costs a tenth of a single-key read
@@ -287,7 +268,8 @@ class MasterService:
         lock = self._lock
         lock.take_reading()
         try:
-            code, row, _, count, replica_id, kind, segment, offset, size = self._read_one(key, tenant_id)
+            code, row, _, count, replica_id, kind, segment, offset, size = self._single_reader.read(
+                key, tenant_id, self.clocks.steady_ns(), self.lease_ttl_ns)
             if code:
                 raise_code(code, f"get_replica_list {key!r}")
             if count == 1:  # the common case: the kernel read the one readable replica's slot
@@ -305,7 +287,7 @@ class MasterService:
         lock = self._lock
         lock.take_reading()
         try:
-            return self._read_one(key, tenant_id)[0] == 0
+            return self._single_reader.read(key, tenant_id, self.clocks.steady_ns(), self.lease_ttl_ns)[0] == 0
         finally:
             lock.leave()
 

@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 from numba import config
 
+from ..errors import InvalidParams
 from ..kernels import reads as rk
 from ..kernels.dispatch import compiled
+from ..kernels.leases import grant_group_read_lease
 from ..kernels.read_columns import FIELDS, column_table
-from ..schema import CODE_DTYPE
+from ..schema import CODE_DTYPE, MAX_KEY_BYTES
+from ..validation import require_str
 from .array_epoch import ArrayEpoch
 
 if TYPE_CHECKING:
@@ -28,9 +31,9 @@ if TYPE_CHECKING:
 
 
 class SingleKeyReader:
-    """``read(key bytes, tenant code, now, ttl_ns)``: kernels/reads.read_one on the store's
-    columns. Between reads the object keeps the arrays its column table describes alive;
-    :meth:`release` drops them when they were replaced (the master's background round calls it)."""
+    """``read(key, tenant_id, now, ttl_ns)``: kernels/reads.read_one on the store's columns.
+    Between reads the object keeps the arrays its column table describes alive; :meth:`release`
+    drops them when they were replaced (the master's background round calls it)."""
 
     def __init__(self, store: "MetadataStore") -> None:
         self._store = store
@@ -52,12 +55,24 @@ class SingleKeyReader:
         """True when the object holds the store's arrays of now (every one of :meth:`sources`)."""
         return all(map(is_, self.sources(), self._built_from))
 
-    def read(self, key: bytes, tenant: int, now: int, ttl_ns: int) -> tuple:
-        """read_one's answer for ``key`` (its UTF-8 bytes) of tenant code ``tenant``; the caller
-        holds the master lock."""
+    def read(self, key: str, tenant_id: str, now: int, ttl_ns: int) -> tuple:
+        """read_one's answer for ``key`` of tenant ``tenant_id`` (InvalidParams for a bad key or
+        tenant), with the read lease granted on OK, the group's too; the caller holds the master
+        lock. One Python frame between the master's call and the kernel: its body is most of a
+        single get's time (no NumPy array or Arrow object per call)."""
+        k = key if type(key) is str and key and key.isascii() else require_str("key", key)
+        b = k.encode()
+        if len(b) > MAX_KEY_BYTES:
+            raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
+        s = self._store
+        tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
         if ArrayEpoch.replaced != self._epoch:  # some holder's array was replaced: maybe ours
             self._refresh()
-        return self._kernel(self._address, key, tenant, now, ttl_ns)
+        answer = self._kernel(self._address, b, tenant, now, ttl_ns)
+        if answer[2]:  # a grouped object whose group awaits the lease
+            o = s.objects
+            grant_group_read_lease(answer[1], now, ttl_ns, o.lease_deadline_ns, o.flags, s.group_of.links())
+        return answer
 
     def release(self) -> None:
         """Drop the table and its arrays when the store replaced one of them (the old ones are
