@@ -23,8 +23,11 @@ def test_bench_core_json_has_figures_with_baselines(capsys):
     assert result["objects"] == 20000
     for name in ("batch_put_keys_per_s", "batch_get_keys_per_s", "single_get_median_us", "bytes_per_object",
                  "baseline_copy_seconds", "baseline_dict_lookup_keys_per_s", "peak_rss_bytes",
-                 "baseline_gather_keys_per_s", "batch_get_ratio_to_gather_floor"):
+                 "baseline_gather_keys_per_s", "batch_get_ratio_to_gather_floor",
+                 "single_get_best_round_median_us", "baseline_single_call_floor_best_round_median_us"):
         assert result[name] > 0, name
+    # the best round is one of the rounds the overall median covers
+    assert result["single_get_best_round_median_us"] <= result["single_get_p99_us"]
 
 
 def test_gather_floor_refuses_keys_that_are_not_stored():
