@@ -45,7 +45,7 @@ from .manifest import SnapshotManifest, check_clock_pair, parse_manifest
 from .mooncake_v1 import V1_FILES, decode_v1
 from .mooncake_v1_allocator import DEFAULT_MAX_DECOMPRESSED_BYTES
 from .repository import SnapshotRepository
-from .state import SnapshotState, column_numpy, with_usage
+from .state import SnapshotState, column_chunks, with_usage
 from .writer import publish_state
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def convert_v2_state(state: SnapshotState, manifest: SnapshotManifest, *,
     objects = state.objects
     for name in ("lease_deadline_ns", "soft_pin_deadline_ns"):
         converted = convert_steady_deadlines(
-            column_numpy(objects.column(name)), snapshot_system_ns=manifest.system_now_ns,
+            column_chunks(objects.column(name)), snapshot_system_ns=manifest.system_now_ns,
             snapshot_steady_ns=manifest.steady_now_ns, restore_system_ns=restore_system_ns,
             restore_steady_ns=restore_steady_ns)
         objects = objects.set_column(objects.schema.get_field_index(name),

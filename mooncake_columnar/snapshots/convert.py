@@ -54,10 +54,9 @@ def _live_range(values):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _shifted(values, delta):
-    """values + delta (uint64 bits: wrapping, exact whenever the true sum fits int64), the
-    sentinel kept; also how many shifted values landed on the sentinel."""
-    out = np.empty_like(values)
+def _shift_into(values, delta, out):
+    """out = values + delta (uint64 bits: wrapping, exact whenever the true sum fits int64), the
+    sentinel kept; returns how many shifted values landed on the sentinel."""
     hits = 0
     d = np.uint64(delta)
     for i in prange(values.shape[0]):
@@ -69,33 +68,42 @@ def _shifted(values, delta):
             if w == SENTINEL:
                 hits += 1
             out[i] = w
-    return out, hits
+    return hits
 
 
-def _apply_chain(values: np.ndarray, steps: Sequence[Step], what: str) -> np.ndarray:
-    """``values ± operand ± ...`` in order, with the sentinel kept and overflow rejected."""
-    values = np.ascontiguousarray(values, dtype=np.int64)
-    count, lo, hi = _live_range(values)
-    if not count:
-        return values.copy()
+def _apply_chain(values: np.ndarray | Sequence[np.ndarray], steps: Sequence[Step], what: str) -> np.ndarray:
+    """``values ± operand ± ...`` in order, with the sentinel kept and overflow rejected.
+    ``values``: an array, or the chunks of one (a column of several record batches, read where
+    it lies: converted into one new array, never concatenated first)."""
+    parts = [np.ascontiguousarray(v, dtype=np.int64) for v in
+             ((values,) if isinstance(values, np.ndarray) else values)]
+    ranges = [_live_range(v) for v in parts if v.size]
+    live = [(lo, hi) for count, lo, hi in ranges if count]
+    out = np.empty(sum(v.size for v in parts), np.int64)
+    if not live:
+        return np.concatenate(parts, out=out) if parts else out
     # Each step's sign decides which end can overflow; checking both ends covers both.
-    _check_chain(int(lo), steps, what)
-    _check_chain(int(hi), steps, what)
+    _check_chain(min(int(lo) for lo, _ in live), steps, what)
+    _check_chain(max(int(hi) for _, hi in live), steps, what)
     # Every intermediate fits, so the total shift applied in two's complement is exact.
-    delta = sum(sign * operand for sign, operand in steps) % (1 << 64)
-    out, hits = _shifted(values, np.uint64(delta))
+    delta = np.uint64(sum(sign * operand for sign, operand in steps) % (1 << 64))
+    hits, at = 0, 0
+    for v in parts:
+        hits += _shift_into(v, delta, out[at:at + v.size])
+        at += v.size
     # A converted deadline must never land on the sentinel value itself.
     if hits:
         raise ClockConversionError(f"{what}: a deadline converts onto the INT64_MIN sentinel")
     return out
 
 
-def convert_steady_deadlines(deadlines: np.ndarray, *, snapshot_system_ns: int,
+def convert_steady_deadlines(deadlines: np.ndarray | Sequence[np.ndarray], *, snapshot_system_ns: int,
                              snapshot_steady_ns: int, restore_system_ns: int,
                              restore_steady_ns: int) -> np.ndarray:
     """v2 mapping: ``remaining = (S0 + (D0 - C0)) - S1; new = C1 + remaining``.
 
     An expired deadline (remaining <= 0) stays expired: it becomes ``<= C1``; it never gets a TTL.
+    ``deadlines``: an array, or the chunks of a column (one array returned).
     """
     s0 = _check_scalar(snapshot_system_ns, "S0")
     c0 = _check_scalar(snapshot_steady_ns, "C0")

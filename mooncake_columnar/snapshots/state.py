@@ -97,6 +97,14 @@ def column_numpy(column: pa.ChunkedArray) -> np.ndarray:
     return values
 
 
+def column_chunks(column: pa.ChunkedArray) -> list[np.ndarray]:
+    """The record batches of a fixed-width column without nulls as read-only NumPy views, in row
+    order: read where they lie (a pass that needs no random access across batches copies nothing;
+    at 10M objects each copy :func:`column_numpy` makes is tens of MB of fresh memory)."""
+    chunks = [chunk.to_numpy() for chunk in column.chunks]
+    for values in chunks:
+        values.flags.writeable = False
+    return chunks
 
 def name_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     """(codes, distinct names) of a string or name-dictionary column: ``names[codes[i]]`` is row
@@ -245,8 +253,8 @@ class SnapshotState:
             # exits aborts the process ("terminate called without an active exception")
             if pairs.group_by(["tenant", "key"], use_threads=False).aggregate([]).num_rows != objs.num_rows:
                 raise SnapshotIntegrityError("objects: duplicate (tenant, key)")
-        key_bytes = pc.binary_length(objs.column("key")).to_numpy() if objs.num_rows else np.zeros(0, np.int64)
-        check_object_columns(size_bytes, _np(objs, "put_start_time_ms"), key_bytes)
+        # Arrow columns: range checks over their batches where they lie, no NumPy copy
+        check_object_columns(size_bytes, objs.column("put_start_time_ms"), pc.binary_length(objs.column("key")))
 
     def _validate_checksums(self) -> None:
         check_table(self.checksums, CHECKSUMS_ARROW_SCHEMA, "checksums")
@@ -266,8 +274,10 @@ class SnapshotState:
         if limit >= INT64_MAX:
             return
         for deadline in ("lease_deadline_ns", "soft_pin_deadline_ns"):
-            values = _np(self.objects, deadline)
-            if values.size and int(values.max()) > limit:
+            column = self.objects.column(deadline)
+            top = pc.max(column).as_py()  # an aggregate over the batches where they lie: no copy
+            if top is not None and top > limit:
+                values = column_numpy(column)
                 row = int(np.argmax(values > limit))
                 raise SnapshotFieldError("objects", deadline, row,
                                          f"{int(values[row])} is {int(values[row]) - int(now_ns)} ns past the "
@@ -278,15 +288,17 @@ def check_replicas(replicas: pa.Table, replica_count: np.ndarray, size_bytes: np
                    next_id: int, unit_bits: np.ndarray, check_overlaps: bool = True) -> None:
     """The replica checks of :meth:`SnapshotState.validate` on a replicas table (either layout),
     against its objects' ``replica_count`` and ``size_bytes`` and a checked ``segments`` table
-    (``unit_bits``: :func:`check_segments`'s); ``check_overlaps``: also the extent-overlap sort."""
+    (``unit_bits``: :func:`check_segments`'s); ``check_overlaps``: also the extent-overlap sort.
+    The columns are read record batch by record batch where they lie (no copy)."""
     codes, names = name_codes(replicas.column("segment"))
     seg_rows = _segment_lut(names, segments)
-    columns = {name: _np(replicas, name) for name in _REPLICA_COLUMNS}
-    check_replica_columns(columns, codes, names, seg_rows, replica_count, size_bytes, _np(segments, "size"),
+    batches = [{name: values for name, values in zip(_REPLICA_COLUMNS, parts)}
+               for parts in zip(*(column_chunks(replicas.column(name)) for name in _REPLICA_COLUMNS))]
+    check_replica_columns(batches, codes, names, seg_rows, replica_count, size_bytes, _np(segments, "size"),
                           unit_bits, next_id)
     if check_overlaps:
-        _check_overlaps(replicas, segments, seg_rows[codes] if codes.size else codes, columns["offset"],
-                        columns["size"], unit_bits)
+        _check_overlaps(replicas, segments, seg_rows[codes] if codes.size else codes, _np(replicas, "offset"),
+                        _np(replicas, "size"), unit_bits)
 
 
 def _check_overlaps(reps: pa.Table, segments: pa.Table, seg: np.ndarray, off: np.ndarray, sz: np.ndarray,
@@ -345,9 +357,11 @@ def check_next_id(value: int) -> int:
     return next_id
 
 
-def check_object_columns(size_bytes: np.ndarray, put_start_ms: np.ndarray, key_bytes: np.ndarray) -> None:
-    """The objects' domains on columns (row i: object i; ``key_bytes``: each key's length):
-    SnapshotFieldError("objects", field, row) naming the first value outside its domain."""
+def check_object_columns(size_bytes: np.ndarray | pa.ChunkedArray, put_start_ms: np.ndarray | pa.ChunkedArray,
+                         key_bytes: np.ndarray | pa.ChunkedArray) -> None:
+    """The objects' domains on columns (row i: object i; ``key_bytes``: each key's length), each
+    an array or an Arrow column: SnapshotFieldError("objects", field, row) naming the first value
+    outside its domain."""
     _check_range("objects", "size_bytes", size_bytes, 1, INT64_MAX)
     _check_range("objects", "put_start_time_ms", put_start_ms, 0, MAX_PUT_START_MS)
     _check_range("objects", "key", key_bytes, 1, MAX_KEY_BYTES, "bytes long")
@@ -357,57 +371,106 @@ def check_object_columns(size_bytes: np.ndarray, put_start_ms: np.ndarray, key_b
 _REPLICA_COLUMNS = ("object_index", "replica_id", "kind", "status", "offset", "size")
 
 
-def check_replica_columns(replicas: dict[str, np.ndarray], segment: np.ndarray, segment_names: list[str],
-                          segment_rows: np.ndarray, replica_count: np.ndarray, size_bytes: np.ndarray,
-                          capacity: np.ndarray, unit_bits: np.ndarray, next_id: int) -> None:
-    """The replicas' domains on columns: ``replicas`` holds the columns of _REPLICA_COLUMNS;
-    replica i is on segment name ``segment_names[segment[i]]``, at row ``segment_rows[segment[i]]``
-    (-1: unknown) of ``capacity``/``unit_bits``; ``replica_count``/``size_bytes`` are the objects'.
+def check_replica_columns(replicas: dict[str, np.ndarray] | list[dict[str, np.ndarray]], segment: np.ndarray,
+                          segment_names: list[str], segment_rows: np.ndarray, replica_count: np.ndarray,
+                          size_bytes: np.ndarray, capacity: np.ndarray, unit_bits: np.ndarray, next_id: int) -> None:
+    """The replicas' domains on columns: ``replicas`` holds the columns of _REPLICA_COLUMNS (or a
+    list of such, the record batches of a table in row order); replica i is on segment name
+    ``segment_names[segment[i]]``, at row ``segment_rows[segment[i]]`` (-1: unknown) of
+    ``capacity``/``unit_bits``; ``replica_count``/``size_bytes`` are the objects'.
     Raises SnapshotFieldError("replicas", field, row) naming the first bad replica (see
     :meth:`SnapshotState.validate`), ids included (in [1, next_id), unique)."""
-    ids, n = replicas["replica_id"], replicas["object_index"].size
-    err, at = _check_replicas(replicas["object_index"], replica_count, size_bytes, ids, replicas["offset"],
-                              replicas["size"], replicas["kind"], replicas["status"], segment, segment_rows,
-                              capacity, unit_bits, np.uint64(next_id))
+    batches = replicas if isinstance(replicas, list) else [replicas]
+    n = sum(b["object_index"].size for b in batches)
+    carry = np.array([-1, 0, 1], np.int64)  # _check_replicas' run state across batches
+    err, at, start = 0, n, 0
+    for b in batches:
+        size = b["object_index"].size
+        err, at = _check_replicas(b["object_index"], replica_count, size_bytes, b["replica_id"], b["offset"],
+                                  b["size"], b["kind"], b["status"], segment[start:start + size], segment_rows,
+                                  capacity, unit_bits, np.uint64(next_id), carry)
+        if err:
+            break
+        start += size
+    if not err and not _counts_match(replica_count, carry, batches):
+        err, at = _COUNT_MISMATCH, n
     if err:
         field, what = _REPLICA_ERRORS[err]
-        value = (None if at >= n else segment_names[int(segment[at])] if field == "segment"
-                 else replicas[field][at].item())
-        raise SnapshotFieldError("replicas", field, at if at < n else None,
+        value = (None if at >= n else segment_names[int(segment[start + at])] if field == "segment"
+                 else b[field][at].item())
+        row = start + at if at < n else None
+        raise SnapshotFieldError("replicas", field, row,
                                  f"{value!r}: {what.format(n=replica_count.size, next_id=next_id)}")
-    dup = _first_duplicate(ids, next_id)
+    dup = _first_duplicate([b["replica_id"] for b in batches], next_id)
     if dup >= 0:
-        raise SnapshotFieldError("replicas", "replica_id", dup, f"{int(ids[dup])} is used twice")
+        raise SnapshotFieldError("replicas", "replica_id", dup,
+                                 f"{_row_value(batches, 'replica_id', dup)} is used twice")
 
 
-def _check_range(table: str, field: str, values: np.ndarray, lo: int, hi: int, unit: str = "") -> None:
+def _row_value(batches: list[dict[str, np.ndarray]], name: str, row: int) -> int:
+    """Column ``name``'s value at ``row`` of a table given as its record batches."""
+    for b in batches:
+        if row < b[name].size:
+            return int(b[name][row])
+        row -= b[name].size
+    raise IndexError(row)
+
+
+def _counts_match(replica_count: np.ndarray, carry: np.ndarray, batches: list[dict[str, np.ndarray]]) -> bool:
+    """After every batch passed _check_replicas: each object's replica_count is its number of
+    replicas (the run state ``carry`` settles it when object_index was sorted, else a count)."""
+    prev, run, runs = (int(v) for v in carry)
+    if runs:
+        return run == (int(replica_count[prev]) if prev >= 0 else 0) and not replica_count[prev + 1:].any()
+    counts = np.zeros(replica_count.size, np.int64)
+    for b in batches:
+        counts += np.bincount(b["object_index"], minlength=replica_count.size)
+    return bool((counts == replica_count).all())
+
+
+def _check_range(table: str, field: str, values: np.ndarray | pa.ChunkedArray, lo: int, hi: int, unit: str = "",
+                 start: int = 0) -> None:
     """SnapshotFieldError naming the first row of an int64 column outside [lo, hi] (two
-    reductions; the row is searched only on failure)."""
-    if values.size and (int(values.min()) < lo or int(values.max()) > hi):
+    reductions; the row is searched only on failure). ``values``: an array whose first element
+    is row ``start``, or an Arrow column, checked batch by batch where it lies (no copy)."""
+    if isinstance(values, pa.ChunkedArray):
+        for chunk in values.chunks:
+            _check_range(table, field, chunk.to_numpy(), lo, hi, unit, start)
+            start += len(chunk)
+    elif values.size and (int(values.min()) < lo or int(values.max()) > hi):
         _first_bad(table, field, (values < lo) | (values > hi), values,
-                   f"{unit + ', ' if unit else ''}outside [{lo}, {hi}]")
+                   f"{unit + ', ' if unit else ''}outside [{lo}, {hi}]", start)
 
 
-def _first_bad(table: str, field: str, bad: np.ndarray, values: np.ndarray, what: str) -> None:
+def _first_bad(table: str, field: str, bad: np.ndarray, values: np.ndarray, what: str, start: int = 0) -> None:
     if bad.any():
         row = int(np.argmax(bad))
-        raise SnapshotFieldError(table, field, row, f"{int(values[row])} {what}")
+        raise SnapshotFieldError(table, field, start + row, f"{int(values[row])} {what}")
 
 
-def _first_duplicate(ids: np.ndarray, next_id: int) -> int:
-    """Row of a replica id an earlier row already has (ids are in [1, next_id)), or -1."""
-    if ids.size < 2:
+def _first_duplicate(ids: list[np.ndarray], next_id: int) -> int:
+    """Row of a replica id an earlier row already has (ids, given as the arrays of consecutive
+    row ranges, are in [1, next_id)), or -1."""
+    n = sum(part.size for part in ids)
+    if n < 2:
         return -1
-    if next_id <= 64 * (ids.size + (1 << 20)):  # a bitmap of at most ~8 bytes per replica
-        return int(_first_repeat_in_bitmap(ids, (next_id + 63) // 64))
-    order = np.argsort(ids, kind="stable")
-    repeat = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if next_id <= 64 * (n + (1 << 20)):  # a bitmap of at most ~8 bytes per replica
+        seen, start = np.zeros((next_id + 63) // 64, np.uint64), 0
+        for part in ids:
+            at = int(_first_repeat_in_bitmap(part, seen))
+            if at >= 0:
+                return start + at
+            start += part.size
+        return -1
+    flat = np.concatenate(ids)
+    order = np.argsort(flat, kind="stable")
+    repeat = np.flatnonzero(flat[order][1:] == flat[order][:-1])
     return int(order[repeat[0] + 1]) if repeat.size else -1
 
 
 @njit(cache=True, nogil=True)
-def _first_repeat_in_bitmap(ids, words):
-    seen = np.zeros(words, np.uint64)
+def _first_repeat_in_bitmap(ids, seen):
+    """First i whose id ``seen`` (a bitmap, updated) already holds, or -1."""
     for i in range(ids.shape[0]):
         w = np.int64(ids[i] >> np.uint64(6))
         b = np.uint64(1) << (ids[i] & np.uint64(63))
@@ -444,13 +507,13 @@ _MAX_KIND = np.uint8(max(ReplicaKind))
 
 @njit(cache=True, nogil=True)
 def _check_replicas(object_index, replica_count, obj_size, replica_id, offset, size, kind, status, seg_codes,
-                    seg_rows, capacity, unit_bits, next_id):
-    """The per-replica checks in one pass, no temporaries when object_index is sorted (as the
-    engine writes it): (error, replica index), error 0 when consistent, else a key of
-    _REPLICA_ERRORS."""
+                    seg_rows, capacity, unit_bits, next_id, carry):
+    """The per-replica checks of one record batch in one pass: (error, replica index in the
+    batch), error 0 when consistent, else a key of _REPLICA_ERRORS. ``carry`` (prev object, its
+    run of replicas so far, object_index sorted so far) carries the comparison of run lengths
+    with replica_count from batch to batch; _counts_match finishes it."""
     n_obj = replica_count.shape[0]
-    runs = True  # sorted object_index: compare run lengths with replica_count as we go
-    prev, run, expect = -1, 0, 0
+    prev, run, runs = carry[0], carry[1], carry[2]
     for i in range(object_index.shape[0]):
         oi = object_index[i]
         if oi < 0 or oi >= n_obj:
@@ -477,7 +540,7 @@ def _check_replicas(object_index, replica_count, obj_size, replica_id, offset, s
                 return _UNALIGNED_OFFSET, i
         elif offset[i] > _MAX_OTHER_OFFSET:
             return _OFFSET_TOO_LARGE, i
-        if runs:
+        if runs:  # sorted object_index: compare run lengths with replica_count as we go
             if oi == prev:
                 run += 1
             elif oi > prev:
@@ -488,21 +551,8 @@ def _check_replicas(object_index, replica_count, obj_size, replica_id, offset, s
                         return _COUNT_MISMATCH, i
                 prev, run = oi, 1
             else:
-                runs = False
-    if runs:
-        expect = replica_count[prev] if prev >= 0 else 0
-        if run != expect:
-            return _COUNT_MISMATCH, object_index.shape[0]
-        for skipped in range(prev + 1, n_obj):
-            if replica_count[skipped] != 0:
-                return _COUNT_MISMATCH, object_index.shape[0]
-        return 0, 0
-    counts = np.zeros(n_obj, np.int64)
-    for i in range(object_index.shape[0]):
-        counts[object_index[i]] += 1
-    for o in range(n_obj):
-        if counts[o] != replica_count[o]:
-            return _COUNT_MISMATCH, object_index.shape[0]
+                runs = 0
+    carry[0], carry[1], carry[2] = prev, run, runs
     return 0, 0
 
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..kernels.jit import njit
 from ..errors import SegmentExtentsCorrupt, SnapshotExtentError
@@ -55,15 +54,24 @@ def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable
         m.segments.mount(Segment(name, endpoint, client, int(base), int(size), segment_id, host_id),
                          readable=segments_readable)
     objects, replicas = state.objects, state.replicas
-    key_bytes = int(pc.sum(pc.binary_length(objects.column("key"))).as_py() or 0)
+    key_bytes = sum(_string_bytes(chunk) for chunk in objects.column("key").chunks)
     m.keys.reserve(objects.num_rows, key_bytes)  # once: no index rehash or arena growth between batches
     for lo, hi, r_lo, r_hi in _batches(objects.num_rows, replicas):  # batch by batch: bounded temporaries
         append_objects(m, objects.slice(lo, hi - lo), replicas.slice(r_lo, r_hi - r_lo), release_mapped,
                        first_object=lo)
-    rows = np.arange(objects.num_rows, dtype=np.int64)  # an empty master without free rows: appended in order
-    m.objects.set_checksums(rows[state.checksums.column("object_index").to_numpy()],
+    # an empty master without free rows: object i went to row i
+    m.objects.set_checksums(state.checksums.column("object_index").to_numpy(),
                             state.checksums.column("checksum").to_numpy())
-    _rebuild_allocators(m, rows)
+    _rebuild_allocators(m, objects.num_rows)
+
+
+def _string_bytes(keys: pa.Array) -> int:
+    """Bytes of a string or large_string array's values, from its first and last offsets."""
+    if not len(keys):
+        return 0
+    dtype = np.dtype(np.int64 if pa.types.is_large_string(keys.type) else np.int32)
+    offsets = np.frombuffer(keys.buffers()[1], dtype, count=len(keys) + 1, offset=keys.offset * dtype.itemsize)
+    return int(offsets[-1] - offsets[0])
 
 
 LOAD_BATCH_ROWS = 1 << 21  # objects a restore loads at once: its temporaries stay bounded
@@ -119,11 +127,11 @@ def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table,
         replica_id=values(replicas, "replica_id")), after_pass)
 
 
-def _rebuild_allocators(m: "MetadataStore", rows: np.ndarray) -> None:
+def _rebuild_allocators(m: "MetadataStore", loaded: int) -> None:
     """Each segment's free space becomes the gaps between the loaded memory replicas' held extents
     (object size at the replica offset in whole allocation units, as the engine frees them); an
     overlap, a shared allocation unit or an extent past capacity raises here, typed."""
     try:
-        rebuild_all(m.objects, m.segments, rows)
+        rebuild_all(m.objects, m.segments, loaded)
     except SegmentExtentsCorrupt as e:  # the rebuild's refusal, typed for the loader's caller
         raise SnapshotExtentError("replicas", "offset", None, f"segment {e.segment!r}: {e.detail}") from e

@@ -9,7 +9,6 @@ import numpy as np
 
 from ..errors import SegmentExtentsCorrupt
 from ..kernels import rebuild as rk
-from ..kernels.objects import objects_on_segments
 from .objects import ObjectTable
 from .segments import SegmentTable
 
@@ -48,13 +47,8 @@ def free_space(o: ObjectTable, segments: SegmentTable, bits: np.ndarray, matched
     return FreeSpace(*space)
 
 
-def rebuild_all(o: ObjectTable, segments: SegmentTable, rows: np.ndarray) -> None:
-    """Every segment's allocator from the memory replicas of the objects ``rows`` (all of them:
-    a loaded state)."""
+def rebuild_all(o: ObjectTable, segments: SegmentTable, loaded: int) -> None:
+    """Every segment's allocator from the memory replicas of rows [0, ``loaded``): the objects a
+    load put into an empty table, all of them."""
     on = np.ones(len(segments.info), np.bool_)
-    if not rows.size or (rows.min() == 0 and rows.max() == rows.size - 1):  # rows 0..n-1: a load into an empty table
-        bits, matched = rk.all_rows(rows.size), rows.size
-    else:
-        bits, matched = objects_on_segments(on, o.high_water, o.flags, o.replica_status, o.replica_kind,
-                                            o.replica_segment, o.replica_more)
-    free_space(o, segments, bits, int(matched), on).install(segments, range(on.size))
+    free_space(o, segments, rk.all_rows(loaded), loaded, on).install(segments, range(on.size))
