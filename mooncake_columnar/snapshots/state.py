@@ -106,6 +106,7 @@ def column_chunks(column: pa.ChunkedArray) -> list[np.ndarray]:
         values.flags.writeable = False
     return chunks
 
+
 def name_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     """(codes, distinct names) of a string or name-dictionary column: ``names[codes[i]]`` is row
     i's value; codes keep the dictionary's index width (int8 is common). A dictionary column
