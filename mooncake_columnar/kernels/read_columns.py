@@ -91,3 +91,25 @@ def columns_at(typingctx, address):
         return context.make_tuple(builder, _VIEWS, views)
 
     return _VIEWS(types.int64), codegen
+
+
+_KEY_VIEW = types.Array(types.uint8, 1, "C", readonly=True)  # a put's key buffer (store/keys.py)
+
+
+@intrinsic
+def key_view(typingctx, key):
+    """``key`` (a ``bytes``) as a read-only uint8 array that holds no reference (the caller's
+    ``bytes`` keeps it alive), for a kernel without reference counting (kernels/nrt_free.py):
+    ``np.frombuffer`` takes the reference that the call's unboxing allocated for the ``bytes``
+    (a meminfo per call), and is an overload of its own to compile."""
+    if not isinstance(key, types.Bytes):
+        return None
+
+    def codegen(context, builder, signature, args):
+        buf = context.make_array(signature.args[0])(context, builder, args[0])
+        view = context.make_array(_KEY_VIEW)(context, builder)
+        populate_array(view, data=buf.data, shape=[buf.nitems], strides=[buf.itemsize], itemsize=buf.itemsize,
+                       meminfo=None)
+        return view._getvalue()
+
+    return _KEY_VIEW(key), codegen

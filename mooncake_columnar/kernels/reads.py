@@ -26,10 +26,10 @@ from .allocation import offset_shift
 from .chains import next_row
 from .dispatch import BATCH_MIN, variant
 from .leases import grant_group_read_lease, grant_read_lease
-from .nrt_free import nrt_free_core
+from .nrt_free import nrt_free, nrt_free_core
 from .predicates import is_readable_replica, slot_in_use, slot_is_removed
 from .prefetch import prefetch
-from .read_columns import columns_at
+from .read_columns import columns_at, key_view
 
 OK = int(ErrorCode.OK)
 NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
@@ -243,7 +243,7 @@ def read_batch(table, arena, key_refs, row_tenant, offsets, *args):
         set_parallel_chunksize(previous)
 
 
-@njit(cache=True)
+@nrt_free
 def read_one(columns, key, tenant, now, ttl_ns):
     """Single-key get_replica_list and exist_key: ``(code, row, group, count, replica_id, kind,
     segment, offset, size)`` with the lease granted on OK. ``columns``: the address of the
@@ -256,12 +256,12 @@ def read_one(columns, key, tenant, now, ttl_ns):
     object: no NumPy array per call); nothing is allocated either."""
     # the key as a put's key buffer (store/keys.py: a read-only uint8 view, no copy) from offset
     # int64 0, and the tenant as its column's dtype: the lookup then reuses the hash and probe that
-    # the put path compiled for those types, not specialisations of its own (empty Numba cache)
+    # the put path compiled for those types, not specialisations of its own (empty Numba cache).
+    # Every array here is a view that holds no reference: no reference counting (nrt_free)
     (table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
      rep_offset, size_bytes, unit_bits) = columns_at(columns)
     return _read_one(table, arena, key_refs, row_tenant, flags, lease, rep_status, rep_kind, rep_seg, seg_readable,
-                     more, rep_id, rep_offset, size_bytes, unit_bits, np.frombuffer(key, np.uint8), _TENANT(tenant),
-                     now, ttl_ns)
+                     more, rep_id, rep_offset, size_bytes, unit_bits, key_view(key), _TENANT(tenant), now, ttl_ns)
 
 
 @nrt_free_core

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from .jit import njit
+from .nrt_free import nrt_free
 
 _FIB = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads the near-sequential rows
 
@@ -40,7 +41,7 @@ def find_slots(index, owner, rows, out):
         out[i] = find_slot(index, owner, rows[i])
 
 
-@njit(cache=True)
+@nrt_free  # allocates nothing: no reference per array argument to allocate at each call
 def insert_slots(index, owner, slots):
     """Index ``slots`` (in use, owners set, not yet indexed); the index has room."""
     mask = index.shape[0] - 1
@@ -51,7 +52,7 @@ def insert_slots(index, owner, slots):
         index[h] = slots[i]
 
 
-@njit(cache=True)
+@nrt_free
 def remove_slots(index, owner, slots):
     """Drop indexed ``slots`` (their owners still set), shifting each probe run back."""
     mask = index.shape[0] - 1

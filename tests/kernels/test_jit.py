@@ -10,6 +10,7 @@ import pytest
 from mooncake_columnar.kernels import hashing as hk
 from mooncake_columnar.kernels import objects as ok
 from mooncake_columnar.kernels import reads as rk
+from mooncake_columnar.kernels import slot_index as sk
 from mooncake_columnar.kernels.jit import KernelOnly, kernel_only, njit
 
 
@@ -36,3 +37,10 @@ def test_kernels_build_no_c_callable_wrapper_and_their_inner_helpers_no_python_w
         assert isinstance(helper, KernelOnly), helper
         assert helper.targetoptions["no_cpython_wrapper"]
     assert not ok._place_one.targetoptions["_nrt"]  # an nrt_free core stays without reference counting
+
+
+def test_kernels_that_python_calls_per_key_and_that_allocate_nothing_count_no_references():
+    """With reference counting, the call's wrapper would allocate an NRT meminfo for each array
+    or bytes argument at every call (kernels/nrt_free.py)."""
+    for kernel in (rk.read_one, sk.insert_slots, sk.remove_slots, ok._insert_new_puts, ok._complete_puts):
+        assert not kernel.targetoptions["_nrt"], kernel.py_func.__name__

@@ -27,5 +27,9 @@ def test_first_put_and_get_compile_only_their_kernels_and_a_filled_cache_compile
     assert figures["most_specialisations_of_one_kernel"] == 1, figures
     assert not {"mooncake_columnar.kernels.hashing._find_rows", "mooncake_columnar.kernels.reads._read_batch"} & set(
         compiled), compiled
+    # each kernel's CPU seconds beside its wall seconds, within the process's own CPU seconds
+    cpu = figures["compile_cpu_seconds_by_kernel_empty_cache"]
+    assert cpu.keys() == compiled.keys() and all(s > 0 for s in cpu.values()), cpu
+    assert sum(cpu.values()) <= figures["first_call_cpu_seconds_empty_cache"]
     assert figures["kernels_compiled_filled_cache"] == 0
     assert figures["first_call_seconds_filled_cache"] < figures["first_call_seconds_empty_cache"]
