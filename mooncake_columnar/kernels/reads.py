@@ -121,21 +121,24 @@ _SPANS = 64  # the batch's blocks are split into this many spans of consecutive 
 @njit(cache=True)
 def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_links,
                 rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
-                seg_unit_bits, want_replicas, codes):
+                seg_unit_bits, want_replicas, codes, key_base, k0, out_i, out_id, out_seg, out_addr, out_size):
     """Read codes of keys ``offsets``/``data`` (``tenants``: hashing.tenant_at) into
     ``codes``, the read lease granted on OK; and, if ``want_replicas``, the readable replicas
     of the OK keys as columns ``(key index, replica id, segment code, address, size)`` in key
-    order. A memory replica's segment code is its segment (address: ``seg_base[code]`` + its
-    offset column shifted by ``seg_unit_bits[code]``, see allocation.offset_shift); any other
-    replica's is ``len(seg_base) - 1`` (``seg_base`` and ``seg_unit_bits`` end with 0: its
-    address is the offset).
+    order, key ``i`` as index ``key_base + i``: written to ``out_*`` from slot ``k0`` on when
+    they fit there with a full row of slots per key, else to new arrays; returns ``(count,
+    fits, the new arrays)`` (empty when they fit). A memory replica's segment code is its
+    segment (address: ``seg_base[code]`` + its offset column shifted by
+    ``seg_unit_bits[code]``, see allocation.offset_shift); any other replica's is
+    ``len(seg_base) - 1`` (``seg_base`` and ``seg_unit_bits`` end with 0: its address is the
+    offset).
 
     One pass over spans of blocks (``prange``: the parallel variant runs spans on several
     threads, the serial one in order) classifies each key, grants its lease and writes its
-    readable replicas while its row is in cache, into the span's region of outputs sized for
-    a full row per key; the regions are then moved together. A span whose replicas overflow
+    readable replicas while its row is in cache, into the span's region of ``out_*`` (a full
+    row of slots per key); the regions are then moved together. A span whose replicas overflow
     its region (an object with continuation rows) only counts them, and a second pass writes
-    every descriptor at its place counted from the spans' totals instead.
+    every descriptor to new arrays at its place counted from the spans' totals instead.
 
     Leases granted concurrently are the same as one after another. Every write here is a
     max-update of ``lease`` to the one value ``now + ttl_ns`` or the clearing of the group
@@ -153,6 +156,8 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     per_span = (blocks + _SPANS - 1) // _SPANS
     spans = (blocks + per_span - 1) // per_span if blocks else 0
     width = rep_status.shape[1] if want_replicas else 0  # output slots per key in a span's region
+    if k0 + n * width > out_i.shape[0]:  # no room (the slots widened since the outputs were made)
+        width = 0
     # np.empty: the parallel variant makes np.full and np.zeros parallel loops of their own, a
     # region to start per call (chunks of a batch are small); the spans write every entry
     rows = np.empty(n if want_replicas else 0, np.int64)  # of the OK keys (-1: not OK), for a second pass
@@ -160,20 +165,15 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     span_count[0] = 0
     hs = np.empty((spans, _BLOCK), np.uint64)
     cand = np.empty((spans, _BLOCK), np.int64)
-    out_i = np.empty(n * width, np.int64)
-    out_id = np.empty(n * width, rep_id.dtype)
-    out_seg = np.empty(n * width, np.int64)
-    out_addr = np.empty(n * width, np.int64)
-    out_size = np.empty(n * width, np.int64)
     # each span's loops are a call without reference counting (:mod:`.nrt_free`): lowered here,
     # the per-key helpers' array references cost atomic counts per key
     for c in prange(spans):
         lo, hi = c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK)
-        span_count[c + 1] = _classify_span(c, lo, hi, hs, cand, table, arena, key_refs, row_tenant, offsets, data,
-                                           tenants, now, ttl_ns, flags, lease, group_links, rep_status, rep_kind,
-                                           rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
-                                           seg_unit_bits, want_replicas, codes, rows, width, out_i, out_id, out_seg,
-                                           out_addr, out_size)
+        span_count[c + 1] = _classify_span(c, lo, hi, k0, key_base, hs, cand, table, arena, key_refs, row_tenant,
+                                           offsets, data, tenants, now, ttl_ns, flags, lease, group_links, rep_status,
+                                           rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
+                                           seg_base, seg_unit_bits, want_replicas, codes, rows, width, out_i, out_id,
+                                           out_seg, out_addr, out_size)
     fits = True
     for c in range(spans):
         if span_count[c + 1] > (min(n, (c + 1) * per_span * _BLOCK) - c * per_span * _BLOCK) * width:
@@ -182,38 +182,40 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     total = span_count[spans]
     if fits:  # the spans' replicas together, in order (each moves down or stays: no overlap ahead)
         for c in range(spans):
-            src, k = c * per_span * _BLOCK * width, span_count[c]
-            for q in range(span_count[c + 1] - k if src != k else 0):
+            src, k = k0 + c * per_span * _BLOCK * width, k0 + span_count[c]
+            for q in range(k0 + span_count[c + 1] - k if src != k else 0):
                 out_i[k + q] = out_i[src + q]
                 out_id[k + q] = out_id[src + q]
                 out_seg[k + q] = out_seg[src + q]
                 out_addr[k + q] = out_addr[src + q]
                 out_size[k + q] = out_size[src + q]
-        return out_i[:total], out_id[:total], out_seg[:total], out_addr[:total], out_size[:total]
-    out_i = np.empty(total, np.int64)
-    out_id = np.empty(total, rep_id.dtype)
-    out_seg = np.empty(total, np.int64)
-    out_addr = np.empty(total, np.int64)
-    out_size = np.empty(total, np.int64)
-    for c in prange(spans):
-        _describe_span(c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), span_count[c], rows, rep_status,
-                       rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base, seg_unit_bits,
-                       out_i, out_id, out_seg, out_addr, out_size)
-    return out_i, out_id, out_seg, out_addr, out_size
+        total_new = 0
+    else:
+        total_new = total
+    new_i = np.empty(total_new, np.int64)
+    new_id = np.empty(total_new, rep_id.dtype)
+    new_seg = np.empty(total_new, out_seg.dtype)
+    new_addr = np.empty(total_new, np.int64)
+    new_size = np.empty(total_new, np.int64)
+    for c in prange(0 if fits else spans):
+        _describe_span(c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), span_count[c], key_base, rows,
+                       rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
+                       seg_unit_bits, new_i, new_id, new_seg, new_addr, new_size)
+    return total, fits, new_i, new_id, new_seg, new_addr, new_size
 
 
 @nrt_free_core
-def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_tenant, offsets, data, tenants, now,
-                   ttl_ns, flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
-                   rep_offset, size_bytes, seg_base, seg_unit_bits, want_replicas, codes, rows, width, out_i, out_id,
-                   out_seg, out_addr, out_size):
+def _classify_span(c, lo, hi, k0, key_base, span_hs, span_cand, table, arena, key_refs, row_tenant, offsets, data,
+                   tenants, now, ttl_ns, flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable, more,
+                   rep_id, rep_offset, size_bytes, seg_base, seg_unit_bits, want_replicas, codes, rows, width, out_i,
+                   out_id, out_seg, out_addr, out_size):
     """:func:`_read_batch`'s pass over keys lo..hi (whole blocks) of span ``c`` (its scratch
     rows of ``span_hs``/``span_cand``: views taken here count no references): codes, leases,
-    rows, and the readable replicas written in the span's region (``width`` slots per key);
-    returns their count (past the region's end: counted, not written)."""
+    rows, and the readable replicas written in the span's region (``width`` slots per key,
+    after slot ``k0``); returns their count (past the region's end: counted, not written)."""
     hs, cand = span_hs[c], span_cand[c]
-    start = lo * width
-    k, end = start, hi * width
+    start = k0 + lo * width
+    k, end = start, k0 + hi * width
     for b in range(lo, hi, _BLOCK):
         m = min(_BLOCK, hi - b)
         hk.locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand)
@@ -234,21 +236,21 @@ def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_te
             if want_replicas:
                 rows[i] = r if code == OK else -1
                 if code == OK:
-                    k = _describe_key(i, r, k, end, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
-                                      rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg,
+                    k = _describe_key(key_base + i, r, k, end, rep_status, rep_kind, rep_seg, seg_readable, more,
+                                      rep_id, rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg,
                                       out_addr, out_size)
     return k - start
 
 
 @nrt_free_core
-def _describe_span(lo, hi, k, rows, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset,
+def _describe_span(lo, hi, k, key_base, rows, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset,
                    size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size):
     """:func:`_read_batch`'s second pass over keys lo..hi, when a span's replicas overflowed
     its region: their readable replicas' descriptors, from output slot ``k`` on."""
     end = out_i.shape[0]
     for i in range(lo, hi):
         if rows[i] >= 0:
-            k = _describe_key(i, rows[i], k, end, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
+            k = _describe_key(key_base + i, rows[i], k, end, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
                               rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr,
                               out_size)
 
