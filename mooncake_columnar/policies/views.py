@@ -185,7 +185,7 @@ def _segment_lists(store: MetadataStore) -> tuple[list[str], list[str], np.ndarr
 class ReplicaBuffer:
     """Replica columns for a whole batch read, a full row of replica slots per key: each
     chunk's kernel call writes its replicas right after the previous chunk's, so the batch's
-    columns are then views of these arrays (:func:`joined`), not copies of the chunks'."""
+    columns are then views of these arrays (:func:`replica_table`), not copies of the chunks'."""
 
     def __init__(self, store: MetadataStore, keys: int) -> None:
         cap = keys * store.objects.slots
@@ -195,6 +195,13 @@ class ReplicaBuffer:
         self.address = np.empty(cap, np.int64)
         self.size = np.empty(cap, np.int64)
         self.filled = 0
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """The columns written so far (key index, replica id, segment code, address, size): views,
+        or copies when they fill less than half the buffer (a view keeps all of it alive)."""
+        n = self.filled
+        return tuple(a[:n] if 2 * n >= a.size else a[:n].copy()
+                     for a in (self.key_index, self.replica_id, self.segment_code, self.address, self.size))
 
 
 _NO_BUFFER = tuple(np.empty(0, dt) for dt in (np.int64, np.uint64, np.int32, np.int64, np.int64))
@@ -230,7 +237,7 @@ def read_batch(store: MetadataStore, offsets: np.ndarray, data: np.ndarray, tena
         assert buffer is not None
         buffer.filled = k0 + count
         own = [a[k0:k0 + count] for a in out]
-    return codes, ReplicaColumns(own[0], own[1], own[2], names, endpoints, own[3], own[4])
+    return codes, ReplicaColumns(own[0], own[1], own[2], names, endpoints, own[3], own[4], buffer if fits else None)
 
 
 @dataclass(frozen=True)
@@ -245,13 +252,16 @@ class ReplicaColumns:
     endpoints: list[str]
     address: np.ndarray
     size: np.ndarray
+    buffer: ReplicaBuffer | None = None  # the batch's columns these are the next slice of
 
 
 def replica_table(parts: list[ReplicaColumns]) -> pa.Table:
-    """One replica table from chunks' columns, in batch order. ``segment`` and ``endpoint``
-    are dictionary-encoded over the segments' names: building a string per replica was a tenth
-    of a 1M-key batch get. Takes the parts' columns over: the chunks' segment codes are
-    shifted in place when a mount between them changed the names."""
+    """One replica table from chunks' columns, in batch order: views of the batch's
+    :class:`ReplicaBuffer` when every chunk's replicas are in it (they lie there back to back),
+    else concatenated. ``segment`` and ``endpoint`` are dictionary-encoded over the segments'
+    names: building a string per replica was a tenth of a 1M-key batch get. Takes the parts'
+    columns over: a chunk's segment codes are shifted in place when a mount between chunks
+    changed the names."""
     names: list[str] = []
     endpoints: list[str] = []
     for c in parts:  # per chunk, not per replica: segment codes into one joined name list
@@ -260,28 +270,21 @@ def replica_table(parts: list[ReplicaColumns]) -> pa.Table:
         np.add(c.segment_code, len(names), out=c.segment_code)
         names += c.names
         endpoints += c.endpoints
-    joined_codes = pa.array(joined([c.segment_code for c in parts], np.int32), pa.int32())
+    filled = [c for c in parts if c.key_index.size]
+    buffer = filled[0].buffer if filled else None
+    if buffer is not None and all(c.buffer is buffer for c in filled):
+        key_index, replica_id, segment_code, address, size = buffer.columns()
+    else:
+        key_index, replica_id, segment_code, address, size = (
+            np.concatenate([getattr(c, name) for c in parts]).astype(dt, copy=False) if parts else np.empty(0, dt)
+            for name, dt in (("key_index", np.int64), ("replica_id", np.uint64), ("segment_code", np.int32),
+                             ("address", np.int64), ("size", np.int64)))
+    codes = pa.array(segment_code, pa.int32())
     return pa.table({
-        "key_index": joined([c.key_index for c in parts], np.int64),
-        "replica_id": joined([c.replica_id for c in parts], np.uint64),
-        "segment": pa.DictionaryArray.from_arrays(joined_codes, pa.array(names, pa.string())),
-        "endpoint": pa.DictionaryArray.from_arrays(joined_codes, pa.array(endpoints, pa.string())),
-        "address": joined([c.address for c in parts], np.int64),
-        "size": joined([c.size for c in parts], np.int64),
+        "key_index": key_index,
+        "replica_id": replica_id,
+        "segment": pa.DictionaryArray.from_arrays(codes, pa.array(names, pa.string())),
+        "endpoint": pa.DictionaryArray.from_arrays(codes, pa.array(endpoints, pa.string())),
+        "address": address,
+        "size": size,
     })
-
-
-def joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-    """The 1-D ``arrays`` one after another, as ``dtype``: a view, not a copy, when they lie
-    back to back in one buffer (:class:`ReplicaBuffer`) and fill at least half of it (a view
-    keeps the whole buffer alive)."""
-    parts = [a for a in arrays if a.size]
-    if not parts:
-        return np.empty(0, dtype)
-    base = parts[0].base
-    if (isinstance(base, np.ndarray) and base.dtype == dtype and all(a.base is base for a in parts)
-            and all(a.ctypes.data + a.nbytes == b.ctypes.data for a, b in zip(parts, parts[1:]))):
-        start = (parts[0].ctypes.data - base.ctypes.data) // base.itemsize
-        view = base[start:start + sum(a.size for a in parts)]
-        return view if 2 * view.size >= base.size else view.copy()
-    return np.concatenate(parts).astype(dtype, copy=False)

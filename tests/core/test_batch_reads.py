@@ -132,12 +132,28 @@ def test_batch_get_in_small_chunks_answers_each_key_as_single_reads(between: str
         == want
 
 
-def test_joined_columns_are_views_of_a_shared_buffer_unless_they_leave_most_of_it_unused() -> None:
-    buffer = np.arange(10, dtype=np.int64)
-    view = views.joined([buffer[0:3], buffer[3:3], buffer[3:6]], np.int64)
-    assert view.base is buffer and view.tolist() == [0, 1, 2, 3, 4, 5]
-    sparse = views.joined([buffer[0:2], buffer[2:4]], np.int64)  # would keep 10 slots for 4
-    assert sparse.base is None and sparse.tolist() == [0, 1, 2, 3]
-    apart = views.joined([buffer[0:3], buffer[4:6], np.array([7])], np.int64)
-    assert apart.base is None and apart.tolist() == [0, 1, 2, 4, 5, 7]
-    assert views.joined([], np.int32).dtype == np.int32
+def test_replica_table_takes_the_batch_buffer_as_it_is_unless_most_of_it_is_unused() -> None:
+    """The chunks' replicas lie back to back in the batch's buffer: the table's columns are
+    views of it, not copies; copies when they would keep a buffer mostly unused alive, or
+    when a chunk's replicas are elsewhere (arrays of its own)."""
+    clocks = ManualClocks()
+    m, keys = _master(clocks, 60)
+    offsets = np.array([0, 5, 10, 15], np.int64)
+    data = np.frombuffer("".join(["key-1", "key-2", "key-3"]).encode(), np.uint8)
+    read = lambda lo, hi, buffer: views.read_batch(m.store, offsets[lo:hi + 1], data, 0, clocks.steady_ns(),  # noqa: E731
+                                                   m.lease_ttl_ns, want_replicas=True, key_base=lo, buffer=buffer)[1]
+    want = [(i, r.segment, r.address) for i, k in enumerate(keys[1:4]) for r in m.get_replica_list(k)]
+    assert len(want) == 3 * m.objects.slots  # three replicas each: their rows' slots are full
+
+    def answers(table: pa.Table) -> list[tuple]:
+        return list(zip(*(table.column(c).to_pylist() for c in ("key_index", "segment", "address"))))
+
+    for keys_made_for, shared in ((3, True), (7, False)):  # the columns fill 3 of 3 keys' slots, or 3 of 7
+        buffer = views.ReplicaBuffer(m.store, keys_made_for)
+        table = views.replica_table([read(0, 1, buffer), read(1, 3, buffer)])
+        assert answers(table) == want
+        assert np.shares_memory(table.column("address").chunk(0).to_numpy(), buffer.address) == shared
+    buffer = views.ReplicaBuffer(m.store, 3)
+    table = views.replica_table([read(0, 1, buffer), read(1, 2, None), read(2, 3, buffer)])
+    assert answers(table) == want
+    assert not np.shares_memory(table.column("address").chunk(0).to_numpy(), buffer.address)
