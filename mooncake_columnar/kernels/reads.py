@@ -168,27 +168,20 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     # each span's loops are a call without reference counting (:mod:`.nrt_free`): lowered here,
     # the per-key helpers' array references cost atomic counts per key
     for c in prange(spans):
-        lo, hi = c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK)
-        span_count[c + 1] = _classify_span(c, lo, hi, k0, key_base, hs, cand, table, arena, key_refs, row_tenant,
-                                           offsets, data, tenants, now, ttl_ns, flags, lease, group_links, rep_status,
-                                           rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
-                                           seg_base, seg_unit_bits, want_replicas, codes, rows, width, out_i, out_id,
-                                           out_seg, out_addr, out_size)
+        span_count[c + 1] = _classify_span(c, c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), k0,
+                                           key_base, hs, cand, table, arena, key_refs, row_tenant, offsets, data,
+                                           tenants, now, ttl_ns, flags, lease, group_links, rep_status, rep_kind,
+                                           rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
+                                           seg_unit_bits, want_replicas, codes, rows, width, out_i, out_id, out_seg,
+                                           out_addr, out_size)
     fits = True
     for c in range(spans):
         if span_count[c + 1] > (min(n, (c + 1) * per_span * _BLOCK) - c * per_span * _BLOCK) * width:
             fits = False
         span_count[c + 1] += span_count[c]
     total = span_count[spans]
-    if fits:  # the spans' replicas together, in order (each moves down or stays: no overlap ahead)
-        for c in range(spans):
-            src, k = k0 + c * per_span * _BLOCK * width, k0 + span_count[c]
-            for q in range(k0 + span_count[c + 1] - k if src != k else 0):
-                out_i[k + q] = out_i[src + q]
-                out_id[k + q] = out_id[src + q]
-                out_seg[k + q] = out_seg[src + q]
-                out_addr[k + q] = out_addr[src + q]
-                out_size[k + q] = out_size[src + q]
+    if fits:
+        _pack_spans(spans, k0, per_span * _BLOCK * width, span_count, out_i, out_id, out_seg, out_addr, out_size)
         total_new = 0
     else:
         total_new = total
@@ -202,6 +195,21 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
                        rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
                        seg_unit_bits, new_i, new_id, new_seg, new_addr, new_size)
     return total, fits, new_i, new_id, new_seg, new_addr, new_size
+
+
+@nrt_free_core
+def _pack_spans(spans, k0, region, span_count, out_i, out_id, out_seg, out_addr, out_size):
+    """The spans' replicas together from slot ``k0`` on: span ``c``'s, written from its region's
+    start ``k0 + c * region``, moved to ``k0 + span_count[c]``. In span order, each moves down or
+    stays, so none lands on replicas not yet moved."""
+    for c in range(spans):
+        src, k = k0 + c * region, k0 + span_count[c]
+        for q in range(span_count[c + 1] - span_count[c] if src != k else 0):
+            out_i[k + q] = out_i[src + q]
+            out_id[k + q] = out_id[src + q]
+            out_seg[k + q] = out_seg[src + q]
+            out_addr[k + q] = out_addr[src + q]
+            out_size[k + q] = out_size[src + q]
 
 
 @nrt_free_core
