@@ -134,11 +134,12 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     offset).
 
     One pass over spans of blocks (``prange``: the parallel variant runs spans on several
-    threads, the serial one in order) classifies each key, grants its lease and writes its
-    readable replicas while its row is in cache, into the span's region of ``out_*`` (a full
-    row of slots per key); the regions are then moved together. A span whose replicas overflow
-    its region (an object with continuation rows) only counts them, and a second pass writes
-    every descriptor to new arrays at its place counted from the spans' totals instead.
+    threads, the serial one in order): each span classifies its keys and grants their leases,
+    then writes their readable replicas while its rows are still in cache, into the span's
+    region of ``out_*`` (a full row of slots per key); the regions are then moved together.
+    A span whose replicas overflow its region (an object with continuation rows) only counts
+    them, and a second pass writes every descriptor to new arrays at its place counted from
+    the spans' totals instead.
 
     Leases granted concurrently are the same as one after another. Every write here is a
     max-update of ``lease`` to the one value ``now + ttl_ns`` or the clearing of the group
@@ -167,13 +168,20 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     cand = np.empty((spans, _BLOCK), np.int64)
     # each span's loops are a call without reference counting (:mod:`.nrt_free`): lowered here,
     # the per-key helpers' array references cost atomic counts per key
+    # (two calls, not one: at about 25 arrays, Numba's reference-count pruning leaves a call's
+    # increfs and decrefs in the serial variant's loop, tests/kernels/test_refcounts.py)
     for c in prange(spans):
-        span_count[c + 1] = _classify_span(c, c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), k0,
-                                           key_base, hs, cand, table, arena, key_refs, row_tenant, offsets, data,
-                                           tenants, now, ttl_ns, flags, lease, group_links, rep_status, rep_kind,
-                                           rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
-                                           seg_unit_bits, want_replicas, codes, rows, width, out_i, out_id, out_seg,
-                                           out_addr, out_size)
+        _classify_span(c, c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), hs, cand, table, arena,
+                       key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_links,
+                       rep_status, rep_kind, rep_seg, seg_readable, more, size_bytes, rep_id, rep_offset,
+                       want_replicas, codes, rows)
+        span_count[c + 1] = 0
+        if want_replicas:  # the span's rows are still in cache
+            lo, hi = c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK)
+            span_count[c + 1] = _describe_span(lo, hi, k0 + lo * width, k0 + hi * width, key_base, rows, rep_status,
+                                               rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
+                                               seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr,
+                                               out_size) - k0 - lo * width
     fits = True
     for c in range(spans):
         if span_count[c + 1] > (min(n, (c + 1) * per_span * _BLOCK) - c * per_span * _BLOCK) * width:
@@ -191,9 +199,9 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     new_addr = np.empty(total_new, np.int64)
     new_size = np.empty(total_new, np.int64)
     for c in prange(0 if fits else spans):
-        _describe_span(c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), span_count[c], key_base, rows,
-                       rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
-                       seg_unit_bits, new_i, new_id, new_seg, new_addr, new_size)
+        _describe_span(c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), span_count[c], total, key_base,
+                       rows, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
+                       seg_base, seg_unit_bits, new_i, new_id, new_seg, new_addr, new_size)
     return total, fits, new_i, new_id, new_seg, new_addr, new_size
 
 
@@ -213,17 +221,14 @@ def _pack_spans(spans, k0, region, span_count, out_i, out_id, out_seg, out_addr,
 
 
 @nrt_free_core
-def _classify_span(c, lo, hi, k0, key_base, span_hs, span_cand, table, arena, key_refs, row_tenant, offsets, data,
-                   tenants, now, ttl_ns, flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable, more,
-                   rep_id, rep_offset, size_bytes, seg_base, seg_unit_bits, want_replicas, codes, rows, width, out_i,
-                   out_id, out_seg, out_addr, out_size):
+def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_tenant, offsets, data, tenants, now,
+                   ttl_ns, flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable, more, size_bytes,
+                   rep_id, rep_offset, want_replicas, codes, rows):
     """:func:`_read_batch`'s pass over keys lo..hi (whole blocks) of span ``c`` (its scratch
     rows of ``span_hs``/``span_cand``: views taken here count no references): codes, leases,
-    rows, and the readable replicas written in the span's region (``width`` slots per key,
-    after slot ``k0``); returns their count (past the region's end: counted, not written)."""
+    rows; with ``want_replicas`` the candidates' descriptor columns are prefetched too, for
+    :func:`_describe_span` right after."""
     hs, cand = span_hs[c], span_cand[c]
-    start = k0 + lo * width
-    k, end = start, k0 + hi * width
     for b in range(lo, hi, _BLOCK):
         m = min(_BLOCK, hi - b)
         hk.locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand)
@@ -243,24 +248,20 @@ def _classify_span(c, lo, hi, k0, key_base, span_hs, span_cand, table, arena, ke
                 grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
             if want_replicas:
                 rows[i] = r if code == OK else -1
-                if code == OK:
-                    k = _describe_key(key_base + i, r, k, end, rep_status, rep_kind, rep_seg, seg_readable, more,
-                                      rep_id, rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg,
-                                      out_addr, out_size)
-    return k - start
 
 
 @nrt_free_core
-def _describe_span(lo, hi, k, key_base, rows, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset,
-                   size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size):
-    """:func:`_read_batch`'s second pass over keys lo..hi, when a span's replicas overflowed
-    its region: their readable replicas' descriptors, from output slot ``k`` on."""
-    end = out_i.shape[0]
+def _describe_span(lo, hi, k, end, key_base, rows, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
+                   rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size):
+    """The readable replicas of the OK keys lo..hi (``rows``: -1 where a key is not OK) written
+    from output slot ``k`` on, those at slot ``end`` and past it only counted; returns the slot
+    after the last."""
     for i in range(lo, hi):
         if rows[i] >= 0:
             k = _describe_key(key_base + i, rows[i], k, end, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
                               rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr,
                               out_size)
+    return k
 
 
 _read_batch_parallel = variant(_read_batch, "_parallel", nogil=True, parallel=True)
