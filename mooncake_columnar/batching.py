@@ -14,7 +14,7 @@ import numpy as np
 
 from .locking import MasterLock
 from .messages import BatchResult
-from .policies.views import ReplicaColumns, read_batch, replica_table
+from .policies.views import ReplicaBuffer, ReplicaColumns, read_batch, replica_table
 from .store.growth import StagedGrowth
 from .validation import require_str
 
@@ -122,10 +122,11 @@ def read_in_chunks(m: "MasterService", offsets: np.ndarray, data: np.ndarray, te
     (read leases granted) and, with ``want_replicas``, gathers the readable replicas' columns,
     in one kernel pass (:func:`views.read_batch`)."""
     require_str("tenant_id", tenant_id)
+    buffer = ReplicaBuffer(m.store, offsets.size - 1) if want_replicas else None  # the chunks' replicas in one
 
     def chunk(lo: int, hi: int) -> tuple[np.ndarray, ReplicaColumns | None]:
         return read_batch(m.store, offsets[lo:hi + 1], data, m.store.tenants.find(tenant_id), m.clocks.steady_ns(),
-                          m.lease_ttl_ns, want_replicas=want_replicas)
+                          m.lease_ttl_ns, want_replicas=want_replicas, key_base=lo, buffer=buffer)
 
     return run_in_chunks(m.lock, offsets.size - 1, chunk, reading=True)
 
@@ -141,4 +142,4 @@ def joined_results(parts: list[tuple[int, tuple[np.ndarray, ReplicaColumns | Non
     """One BatchResult from the chunks' (codes, replica columns): codes in key order, and one
     replica table, built here, outside the master lock."""
     codes = joined_codes([(lo, c) for lo, (c, _) in parts])
-    return BatchResult(codes, replica_table([(lo, cols) for lo, (_, cols) in parts if cols is not None]))
+    return BatchResult(codes, replica_table([cols for _, (_, cols) in parts if cols is not None]))

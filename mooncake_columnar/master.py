@@ -232,7 +232,7 @@ class MasterService:
 
         def chunk(lo: int, hi: int) -> tuple[np.ndarray, ReplicaColumns]:
             codes, rows = puts.start(self, offsets[lo:hi + 1], data, sizes[lo:hi], client, config)
-            return codes, views.replica_columns(self.store, np.flatnonzero(codes == 0), rows)
+            return codes, views.replica_columns(self.store, np.flatnonzero(codes == 0), rows, lo)
 
         return joined_results(run_in_chunks(
             self._lock, len(arr), chunk,

@@ -89,18 +89,27 @@ def _prefetch_descriptors(m, cand, size_bytes, rep_id, rep_offset):
 
 
 @njit(inline="always", cache=True)
-def _readable_count(b, m, rows, rep_status, rep_kind, rep_seg, seg_readable, more):
-    """Readable replicas of the OK keys b..b+m (``rows``: the batch's rows, -1 where a key is
-    not OK)."""
-    count = 0
-    for i in range(b, b + m):
-        rr = rows[i]
-        while rr >= 0:
-            for j in range(rep_status.shape[1]):
-                if is_readable_replica(rep_status[rr, j], rep_kind[rr, j], rep_seg[rr, j], seg_readable):
-                    count += 1
-            rr = next_row(more, rr)
-    return count
+def _describe_key(i, r, k, end, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
+                  seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size):
+    """The readable replicas of key ``i`` (row ``r``) written from output slot ``k`` on, those
+    at slot ``end`` and past it left out; returns the slot after its last (written or not)."""
+    other = seg_base.shape[0] - 1
+    rr = r
+    while rr >= 0:
+        for j in range(rep_status.shape[1]):
+            kind = rep_kind[rr, j]
+            if not is_readable_replica(rep_status[rr, j], kind, rep_seg[rr, j], seg_readable):
+                continue
+            if k < end:
+                s = rep_seg[rr, j] if kind == _MEM_KIND else other
+                out_i[k] = i
+                out_id[k] = rep_id[rr, j]
+                out_seg[k] = s
+                out_addr[k] = seg_base[s] + (np.int64(rep_offset[rr, j]) << seg_unit_bits[s])
+                out_size[k] = size_bytes[rr]
+            k += 1
+        rr = next_row(more, rr)
+    return k
 
 
 _SPANS = 64  # the batch's blocks are split into this many spans of consecutive blocks, which the
@@ -112,19 +121,25 @@ _SPANS = 64  # the batch's blocks are split into this many spans of consecutive 
 @njit(cache=True)
 def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_links,
                 rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes, seg_base,
-                seg_unit_bits, want_replicas, codes):
+                seg_unit_bits, want_replicas, codes, key_base, k0, out_i, out_id, out_seg, out_addr, out_size):
     """Read codes of keys ``offsets``/``data`` (``tenants``: hashing.tenant_at) into
     ``codes``, the read lease granted on OK; and, if ``want_replicas``, the readable replicas
     of the OK keys as columns ``(key index, replica id, segment code, address, size)`` in key
-    order. A memory replica's segment code is its segment (address: ``seg_base[code]`` + its
-    offset column shifted by ``seg_unit_bits[code]``, see allocation.offset_shift); any other
-    replica's is ``len(seg_base) - 1`` (``seg_base`` and ``seg_unit_bits`` end with 0: its
-    address is the offset).
+    order, key ``i`` as index ``key_base + i``: written to ``out_*`` from slot ``k0`` on when
+    they fit there with a full row of slots per key, else to new arrays; returns ``(count,
+    fits, the new arrays)`` (empty when they fit). A memory replica's segment code is its
+    segment (address: ``seg_base[code]`` + its offset column shifted by
+    ``seg_unit_bits[code]``, see allocation.offset_shift); any other replica's is
+    ``len(seg_base) - 1`` (``seg_base`` and ``seg_unit_bits`` end with 0: its address is the
+    offset).
 
-    Two passes over spans of blocks (``prange``: the parallel variant runs spans on several
-    threads, the serial one in order): the first classifies each key, grants its lease and
-    counts each span's readable replicas; a prefix sum gives each span's first output slot;
-    the second writes the descriptors there.
+    One pass over spans of blocks (``prange``: the parallel variant runs spans on several
+    threads, the serial one in order): each span classifies its keys and grants their leases,
+    then writes their readable replicas while its rows are still in cache, into the span's
+    region of ``out_*`` (a full row of slots per key); the regions are then moved together.
+    A span whose replicas overflow its region (an object with continuation rows) only counts
+    them, and a second pass writes every descriptor to new arrays at its place counted from
+    the spans' totals instead.
 
     Leases granted concurrently are the same as one after another. Every write here is a
     max-update of ``lease`` to the one value ``now + ttl_ns`` or the clearing of the group
@@ -141,48 +156,85 @@ def _read_batch(table, arena, key_refs, row_tenant, offsets, data, tenants, now,
     blocks = (n + _BLOCK - 1) // _BLOCK
     per_span = (blocks + _SPANS - 1) // _SPANS
     spans = (blocks + per_span - 1) // per_span if blocks else 0
+    width = rep_status.shape[1] if want_replicas else 0  # output slots per key in a span's region
+    if k0 + n * width > out_i.shape[0]:  # no room (the slots widened since the outputs were made)
+        width = 0
     # np.empty: the parallel variant makes np.full and np.zeros parallel loops of their own, a
     # region to start per call (chunks of a batch are small); the spans write every entry
-    rows = np.empty(n if want_replicas else 0, np.int64)  # of the OK keys (-1: not OK), for the descriptors
+    rows = np.empty(n if want_replicas else 0, np.int64)  # of the OK keys (-1: not OK), for a second pass
     span_count = np.empty(spans + 1, np.int64)
     span_count[0] = 0
     hs = np.empty((spans, _BLOCK), np.uint64)
     cand = np.empty((spans, _BLOCK), np.int64)
     # each span's loops are a call without reference counting (:mod:`.nrt_free`): lowered here,
     # the per-key helpers' array references cost atomic counts per key
+    # (two calls, not one: at about 25 arrays, Numba's reference-count pruning leaves a call's
+    # increfs and decrefs in the serial variant's loop, tests/kernels/test_refcounts.py)
     for c in prange(spans):
-        span_count[c + 1] = _classify_span(c, c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), hs, cand,
-                                           table, arena, key_refs, row_tenant, offsets, data, tenants, now, ttl_ns,
-                                           flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable,
-                                           more, want_replicas, codes, rows)
+        _classify_span(c, c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), hs, cand, table, arena,
+                       key_refs, row_tenant, offsets, data, tenants, now, ttl_ns, flags, lease, group_links,
+                       rep_status, rep_kind, rep_seg, seg_readable, more, size_bytes, rep_id, rep_offset,
+                       want_replicas, codes, rows)
+        span_count[c + 1] = 0
+        if want_replicas:  # the span's rows are still in cache
+            lo, hi = c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK)
+            span_count[c + 1] = _describe_span(lo, hi, k0 + lo * width, k0 + hi * width, key_base, rows, rep_status,
+                                               rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
+                                               seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr,
+                                               out_size) - k0 - lo * width
+    fits = True
     for c in range(spans):
+        if span_count[c + 1] > (min(n, (c + 1) * per_span * _BLOCK) - c * per_span * _BLOCK) * width:
+            fits = False
         span_count[c + 1] += span_count[c]
     total = span_count[spans]
-    out_i = np.empty(total, np.int64)
-    out_id = np.empty(total, rep_id.dtype)
-    out_seg = np.empty(total, np.int64)
-    out_addr = np.empty(total, np.int64)
-    out_size = np.empty(total, np.int64)
-    for c in prange(spans if want_replicas else 0):
-        _describe_span(c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), span_count[c], rows, flags,
-                       lease, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
-                       seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size)
-    return out_i, out_id, out_seg, out_addr, out_size
+    if fits:
+        _pack_spans(spans, k0, per_span * _BLOCK * width, span_count, out_i, out_id, out_seg, out_addr, out_size)
+        total_new = 0
+    else:
+        total_new = total
+    new_i = np.empty(total_new, np.int64)
+    new_id = np.empty(total_new, rep_id.dtype)
+    new_seg = np.empty(total_new, out_seg.dtype)
+    new_addr = np.empty(total_new, np.int64)
+    new_size = np.empty(total_new, np.int64)
+    for c in prange(0 if fits else spans):
+        _describe_span(c * per_span * _BLOCK, min(n, (c + 1) * per_span * _BLOCK), span_count[c], total, key_base,
+                       rows, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id, rep_offset, size_bytes,
+                       seg_base, seg_unit_bits, new_i, new_id, new_seg, new_addr, new_size)
+    return total, fits, new_i, new_id, new_seg, new_addr, new_size
+
+
+@nrt_free_core
+def _pack_spans(spans, k0, region, span_count, out_i, out_id, out_seg, out_addr, out_size):
+    """The spans' replicas together from slot ``k0`` on: span ``c``'s, written from its region's
+    start ``k0 + c * region``, moved to ``k0 + span_count[c]``. In span order, each moves down or
+    stays, so none lands on replicas not yet moved."""
+    for c in range(spans):
+        src, k = k0 + c * region, k0 + span_count[c]
+        for q in range(span_count[c + 1] - span_count[c] if src != k else 0):
+            out_i[k + q] = out_i[src + q]
+            out_id[k + q] = out_id[src + q]
+            out_seg[k + q] = out_seg[src + q]
+            out_addr[k + q] = out_addr[src + q]
+            out_size[k + q] = out_size[src + q]
 
 
 @nrt_free_core
 def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_tenant, offsets, data, tenants, now,
-                   ttl_ns, flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable, more, want_replicas,
-                   codes, rows):
-    """:func:`_read_batch`'s first pass over keys lo..hi (whole blocks) of span ``c`` (its
-    scratch rows of ``span_hs``/``span_cand``: views taken here count no references): codes,
-    leases, rows; returns their readable replicas."""
+                   ttl_ns, flags, lease, group_links, rep_status, rep_kind, rep_seg, seg_readable, more, size_bytes,
+                   rep_id, rep_offset, want_replicas, codes, rows):
+    """:func:`_read_batch`'s pass over keys lo..hi (whole blocks) of span ``c`` (its scratch
+    rows of ``span_hs``/``span_cand``: views taken here count no references): codes, leases,
+    rows; with ``want_replicas`` the candidates' descriptor columns are prefetched too, for
+    :func:`_describe_span` right after."""
     hs, cand = span_hs[c], span_cand[c]
-    count = 0
     for b in range(lo, hi, _BLOCK):
         m = min(_BLOCK, hi - b)
         hk.locate_block(b, m, table, arena, key_refs, row_tenant, offsets, data, tenants, hs, cand)
         _prefetch_rows(m, cand, flags, lease, rep_status, rep_kind, rep_seg)
+        if want_replicas:
+            _prefetch_descriptors(m, cand, size_bytes, rep_id, rep_offset)
         for t in range(m):
             i = b + t
             r = hk.verified_row(i, cand[t], arena, key_refs, row_tenant, offsets, data, tenants)
@@ -196,36 +248,20 @@ def _classify_span(c, lo, hi, span_hs, span_cand, table, arena, key_refs, row_te
                 grant_group_read_lease(r, now, ttl_ns, lease, flags, group_links)
             if want_replicas:
                 rows[i] = r if code == OK else -1
-        if want_replicas:  # the block's rows are in cache now
-            count += _readable_count(b, m, rows, rep_status, rep_kind, rep_seg, seg_readable, more)
-    return count
 
 
 @nrt_free_core
-def _describe_span(lo, hi, k, rows, flags, lease, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
+def _describe_span(lo, hi, k, end, key_base, rows, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
                    rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr, out_size):
-    """:func:`_read_batch`'s second pass over keys lo..hi: their readable replicas' descriptors,
-    from output slot ``k`` on."""
-    other = seg_base.shape[0] - 1
-    for b in range(lo, hi, _BLOCK):
-        m = min(_BLOCK, hi - b)
-        _prefetch_rows(m, rows[b:], flags, lease, rep_status, rep_kind, rep_seg)
-        _prefetch_descriptors(m, rows[b:], size_bytes, rep_id, rep_offset)
-        for i in range(b, b + m):
-            rr = rows[i]
-            while rr >= 0:
-                for j in range(rep_status.shape[1]):
-                    kind = rep_kind[rr, j]
-                    if not is_readable_replica(rep_status[rr, j], kind, rep_seg[rr, j], seg_readable):
-                        continue
-                    s = rep_seg[rr, j] if kind == _MEM_KIND else other
-                    out_i[k] = i
-                    out_id[k] = rep_id[rr, j]
-                    out_seg[k] = s
-                    out_addr[k] = seg_base[s] + (np.int64(rep_offset[rr, j]) << seg_unit_bits[s])
-                    out_size[k] = size_bytes[rr]
-                    k += 1
-                rr = next_row(more, rr)
+    """The readable replicas of the OK keys lo..hi (``rows``: -1 where a key is not OK) written
+    from output slot ``k`` on, those at slot ``end`` and past it only counted; returns the slot
+    after the last."""
+    for i in range(lo, hi):
+        if rows[i] >= 0:
+            k = _describe_key(key_base + i, rows[i], k, end, rep_status, rep_kind, rep_seg, seg_readable, more, rep_id,
+                              rep_offset, size_bytes, seg_base, seg_unit_bits, out_i, out_id, out_seg, out_addr,
+                              out_size)
+    return k
 
 
 _read_batch_parallel = variant(_read_batch, "_parallel", nogil=True, parallel=True)

@@ -155,13 +155,15 @@ def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: l
                                      readable))
 
 
-def replica_columns(store: MetadataStore, batch_idx: np.ndarray, rows: np.ndarray) -> "ReplicaColumns":
-    """Flat descriptors of every replica slot in use of rows[batch_idx], as NumPy gathers under
-    the master lock; :func:`replica_table` builds the Arrow table from them later, outside it."""
+def replica_columns(store: MetadataStore, batch_idx: np.ndarray, rows: np.ndarray,
+                    key_base: int = 0) -> "ReplicaColumns":
+    """Flat descriptors of every replica slot in use of rows[batch_idx] (key indices: batch_idx
+    + ``key_base``), as NumPy gathers under the master lock; :func:`replica_table` builds the
+    Arrow table from them later, outside it."""
     o = store.objects
     chains = o.chains(rows[batch_idx])
     ri, j = np.nonzero(o.replica_status[chains.rows] != ST_EMPTY)
-    ki, r = batch_idx[chains.owner[ri]], chains.rows[ri]
+    ki, r = batch_idx[chains.owner[ri]] + key_base, chains.rows[ri]
     names, endpoints, bases, unit_bits = _segment_lists(store)
     # non-memory replicas (LOCAL_DISK) map to the trailing "" entry
     seg_codes = np.where(o.replica_kind[r, j] == int(KIND_MEMORY), o.replica_segment[r, j], len(names) - 1)
@@ -180,24 +182,62 @@ def _segment_lists(store: MetadataStore) -> tuple[list[str], list[str], np.ndarr
     return names, endpoints, bases, np.append(store.segments.unit_bits[:len(infos)], 0)
 
 
+class ReplicaBuffer:
+    """Replica columns for a whole batch read, a full row of replica slots per key: each
+    chunk's kernel call writes its replicas right after the previous chunk's, so the batch's
+    columns are then views of these arrays (:func:`replica_table`), not copies of the chunks'."""
+
+    def __init__(self, store: MetadataStore, keys: int) -> None:
+        cap = keys * store.objects.slots
+        self.key_index = np.empty(cap, np.int64)
+        self.replica_id = np.empty(cap, store.objects.replica_id.dtype)
+        self.segment_code = np.empty(cap, np.int32)
+        self.address = np.empty(cap, np.int64)
+        self.size = np.empty(cap, np.int64)
+        self.filled = 0
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """The columns written so far (key index, replica id, segment code, address, size): views,
+        or copies when they fill less than half the buffer (a view keeps all of it alive)."""
+        n = self.filled
+        return tuple(a[:n] if 2 * n >= a.size else a[:n].copy()
+                     for a in (self.key_index, self.replica_id, self.segment_code, self.address, self.size))
+
+
+_NO_BUFFER = tuple(np.empty(0, dt) for dt in (np.int64, np.uint64, np.int32, np.int64, np.int64))
+
+
 def read_batch(store: MetadataStore, offsets: np.ndarray, data: np.ndarray, tenant: int, now: int, ttl_ns: int,
-               *, want_replicas: bool) -> tuple[np.ndarray, "ReplicaColumns | None"]:
+               *, want_replicas: bool, key_base: int = 0,
+               buffer: ReplicaBuffer | None = None) -> tuple[np.ndarray, "ReplicaColumns | None"]:
     """Read codes of a batch of keys of tenant code ``tenant`` (the read leases granted), and
-    with ``want_replicas`` the readable replicas' descriptor columns (one kernel call,
-    kernels/reads.read_batch); the caller holds the master lock."""
+    with ``want_replicas`` the readable replicas' descriptor columns, key indices counted from
+    ``key_base`` (one kernel call, kernels/reads.read_batch; written into ``buffer`` after its
+    filled slots when there is room, see :class:`ReplicaBuffer`); the caller holds the master lock."""
     o, k = store.objects, store.keys
     n = offsets.size - 1
     codes = np.empty(n, np.int32)
-    names, endpoints, bases, unit_bits = (_segment_lists(store) if want_replicas
-                                          else ([], [], np.zeros(1, np.int64), np.zeros(1, np.int64)))
-    ki, ids, seg_codes, address, size = rk.read_batch(
+    if want_replicas:
+        names, endpoints, bases, unit_bits = _segment_lists(store)
+        buffer = buffer or ReplicaBuffer(store, n)
+        k0 = buffer.filled
+        out: tuple[np.ndarray, ...] = (buffer.key_index, buffer.replica_id, buffer.segment_code, buffer.address,
+                                       buffer.size)
+    else:
+        names, endpoints, bases, unit_bits = [], [], np.zeros(1, np.int64), np.zeros(1, np.int64)
+        k0, out = 0, _NO_BUFFER
+    count, fits, *own = rk.read_batch(
         k.table, k.arena, o.key_ref, o.tenant, offsets, data, np.array([tenant], np.int32), now, ttl_ns,
         o.flags, o.lease_deadline_ns, store.group_of.links(), o.replica_status, o.replica_kind, o.replica_segment,
         store.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes, bases, unit_bits,
-        want_replicas, codes)
+        want_replicas, codes, key_base, k0, *out)
     if not want_replicas:
         return codes, None
-    return codes, ReplicaColumns(ki, ids, seg_codes, names, endpoints, address, size)
+    if fits:
+        assert buffer is not None
+        buffer.filled = k0 + count
+        own = [a[k0:k0 + count] for a in out]
+    return codes, ReplicaColumns(own[0], own[1], own[2], names, endpoints, own[3], own[4], buffer if fits else None)
 
 
 @dataclass(frozen=True)
@@ -205,36 +245,46 @@ class ReplicaColumns:
     """Replica descriptors gathered under the lock: the columns of a replica table, segments
     as codes into the ``names``/``endpoints`` of that moment."""
 
-    key_index: np.ndarray
+    key_index: np.ndarray  # counted from the start of the whole batch
     replica_id: np.ndarray
     segment_code: np.ndarray
     names: list[str]
     endpoints: list[str]
     address: np.ndarray
     size: np.ndarray
+    buffer: ReplicaBuffer | None = None  # the batch's columns these are the next slice of
 
 
-def replica_table(parts: list[tuple[int, ReplicaColumns]]) -> pa.Table:
-    """One replica table from chunks' columns, ``key_index`` counted from the start of the
-    whole batch (each part: the batch position of its first key, its columns). ``segment`` and
-    ``endpoint`` are dictionary-encoded over the segments' names: building a string per replica
-    was a tenth of a 1M-key batch get."""
+def replica_table(parts: list[ReplicaColumns]) -> pa.Table:
+    """One replica table from chunks' columns, in batch order: views of the batch's
+    :class:`ReplicaBuffer` when every chunk's replicas are in it (they lie there back to back),
+    else concatenated. ``segment`` and ``endpoint`` are dictionary-encoded over the segments'
+    names: building a string per replica was a tenth of a 1M-key batch get. Takes the parts'
+    columns over: a chunk's segment codes are shifted in place when a mount between chunks
+    changed the names."""
     names: list[str] = []
     endpoints: list[str] = []
-    codes = []
-    for _, c in parts:  # per chunk, not per replica: segment codes into one joined name list
+    for c in parts:  # per chunk, not per replica: segment codes into one joined name list
         if c.names == names and c.endpoints == endpoints:  # the usual case: no mount in between
-            codes.append(c.segment_code)
             continue
-        codes.append(c.segment_code + len(names))
+        np.add(c.segment_code, len(names), out=c.segment_code)
         names += c.names
         endpoints += c.endpoints
-    joined = pa.array(np.concatenate(codes) if codes else np.empty(0, np.int64), pa.int32())
+    filled = [c for c in parts if c.key_index.size]
+    buffer = filled[0].buffer if filled else None
+    if buffer is not None and all(c.buffer is buffer for c in filled):
+        key_index, replica_id, segment_code, address, size = buffer.columns()
+    else:
+        key_index, replica_id, segment_code, address, size = (
+            np.concatenate([getattr(c, name) for c in parts]).astype(dt, copy=False) if parts else np.empty(0, dt)
+            for name, dt in (("key_index", np.int64), ("replica_id", np.uint64), ("segment_code", np.int32),
+                             ("address", np.int64), ("size", np.int64)))
+    codes = pa.array(segment_code, pa.int32())
     return pa.table({
-        "key_index": np.concatenate([c.key_index + lo for lo, c in parts]),
-        "replica_id": np.concatenate([c.replica_id for _, c in parts]),
-        "segment": pa.DictionaryArray.from_arrays(joined, pa.array(names, pa.string())),
-        "endpoint": pa.DictionaryArray.from_arrays(joined, pa.array(endpoints, pa.string())),
-        "address": np.concatenate([c.address for _, c in parts]),
-        "size": np.concatenate([c.size for _, c in parts]),
+        "key_index": key_index,
+        "replica_id": replica_id,
+        "segment": pa.DictionaryArray.from_arrays(codes, pa.array(names, pa.string())),
+        "endpoint": pa.DictionaryArray.from_arrays(codes, pa.array(endpoints, pa.string())),
+        "address": address,
+        "size": size,
     })

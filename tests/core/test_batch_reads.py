@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
+from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig, batching
 from mooncake_columnar.errors import MooncakeError
 from mooncake_columnar.kernels.dispatch import BATCH_MIN
 from mooncake_columnar.policies import views
@@ -75,9 +75,85 @@ def test_batch_get_names_segments_once_per_batch_even_when_a_mount_lands_between
     data = np.frombuffer(b"key-1late", np.uint8)
     before = views.read_batch(store, offsets[:2], np.frombuffer(b"key-1", np.uint8), 0, clocks.steady_ns(), lease,
                               want_replicas=True)[1]
-    after = views.read_batch(store, offsets[1:] - 5, data[5:], 0, clocks.steady_ns(), lease, want_replicas=True)[1]
+    after = views.read_batch(store, offsets[1:] - 5, data[5:], 0, clocks.steady_ns(), lease, want_replicas=True,
+                             key_base=1)[1]
     before = dataclasses.replace(before, names=before.names[:3] + [""], endpoints=before.endpoints[:3] + [""])
-    table = views.replica_table([(0, before), (1, after)])
+    table = views.replica_table([before, after])
     want = [(r.segment, r.endpoint) for k in ("key-1", "late") for r in m.get_replica_list(k)]
     assert list(zip(table.column("segment").to_pylist(), table.column("endpoint").to_pylist())) == want
     assert table.column("key_index").to_pylist() == [0] * (len(want) - 1) + [1]
+
+
+@pytest.mark.parametrize("between", ["mount", "widen"])
+def test_batch_get_in_small_chunks_answers_each_key_as_single_reads(between: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks write their replicas one after another into columns made for the whole batch
+    (views.ReplicaBuffer: a full row of slots per key), or into arrays of their own when they do
+    not fit: objects with continuation rows, a segment mounted between two chunks (its codes
+    shift in place), or the replica columns widened between two chunks (later chunks no longer
+    fit); the joined table answers each key as the single reads do."""
+    clocks = ManualClocks()
+    m = MasterService(MasterConfig(max_replica_num=3, default_kv_lease_ttl_ms=TTL_MS), clocks=clocks)
+    for i in range(3):
+        m.mount_segment(f"seg{i}", endpoint=f"10.0.{i}.1:1", client_id="c0", base=(i + 1) << 32, size=512 * MB)
+    keys = [f"key-{i}" for i in range(40)]
+    hot = m.objects.hot_slots_max
+    m.objects.hot_slots_max = 1  # the 3-replica objects keep two replicas in continuation rows
+    m.batch_put_start(keys[::13], np.full(4, 4096), client_id="c0", config=ReplicateConfig(replica_num=3))
+    m.objects.hot_slots_max = hot
+    m.batch_put_start([k for i, k in enumerate(keys) if i % 13], np.full(36, 4096), client_id="c0")
+    m.batch_put_end(keys, client_id="c0")
+    assert m.objects.slots == 1
+    for name in ("FIRST_CHUNK", "MIN_CHUNK", "MAX_CHUNK"):
+        monkeypatch.setattr(batching, name, 5)
+    real = batching.read_batch
+    chunks: list[int] = []
+
+    def between_chunks(*args, **kwargs):
+        if len(chunks) == 2:
+            if between == "mount":
+                m.mount_segment("seg3", endpoint="10.0.3.1:1", client_id="c0", base=5 << 32, size=512 * MB)
+            else:
+                m.put_start("late", 4096, client_id="c0", config=ReplicateConfig(replica_num=2))
+                assert m.objects.slots == 2
+        chunks.append(0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batching, "read_batch", between_chunks)
+    asked = keys[::-1] + ["missing"] + keys[:13]
+    got = m.batch_get_replica_list(asked)
+    assert len(chunks) == 11
+    table = got.replicas.to_pydict()
+    want = []
+    for i, key in enumerate(asked):
+        if key != "missing":
+            want += [(i, r.replica_id, r.segment, r.endpoint, r.address, r.size) for r in m.get_replica_list(key)]
+    assert list(zip(*(table[c] for c in ("key_index", "replica_id", "segment", "endpoint", "address", "size")))) \
+        == want
+
+
+def test_replica_table_takes_the_batch_buffer_as_it_is_unless_most_of_it_is_unused() -> None:
+    """The chunks' replicas lie back to back in the batch's buffer: the table's columns are
+    views of it, not copies; copies when they would keep a buffer mostly unused alive, or
+    when a chunk's replicas are elsewhere (arrays of its own)."""
+    clocks = ManualClocks()
+    m, keys = _master(clocks, 60)
+    offsets = np.array([0, 5, 10, 15], np.int64)
+    data = np.frombuffer("".join(["key-1", "key-2", "key-3"]).encode(), np.uint8)
+    read = lambda lo, hi, buffer: views.read_batch(m.store, offsets[lo:hi + 1], data, 0, clocks.steady_ns(),  # noqa: E731
+                                                   m.lease_ttl_ns, want_replicas=True, key_base=lo, buffer=buffer)[1]
+    want = [(i, r.segment, r.address) for i, k in enumerate(keys[1:4]) for r in m.get_replica_list(k)]
+    assert len(want) == 3 * m.objects.slots  # three replicas each: their rows' slots are full
+
+    def answers(table: pa.Table) -> list[tuple]:
+        return list(zip(*(table.column(c).to_pylist() for c in ("key_index", "segment", "address"))))
+
+    for keys_made_for, shared in ((3, True), (7, False)):  # the columns fill 3 of 3 keys' slots, or 3 of 7
+        buffer = views.ReplicaBuffer(m.store, keys_made_for)
+        table = views.replica_table([read(0, 1, buffer), read(1, 3, buffer)])
+        assert answers(table) == want
+        assert np.shares_memory(table.column("address").chunk(0).to_numpy(), buffer.address) == shared
+    buffer = views.ReplicaBuffer(m.store, 3)
+    table = views.replica_table([read(0, 1, buffer), read(1, 2, None), read(2, 3, buffer)])
+    assert answers(table) == want
+    assert not np.shares_memory(table.column("address").chunk(0).to_numpy(), buffer.address)

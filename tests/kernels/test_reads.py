@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from mooncake_columnar import ManualClocks, MasterConfig, MasterService, ReplicateConfig
 from mooncake_columnar.kernels import reads as rk
-from mooncake_columnar.policies.views import _segment_lists
+from mooncake_columnar.policies.views import ReplicaBuffer, _segment_lists
 from mooncake_columnar.store.keys import as_string_array, string_buffers
 from mooncake_columnar.testing.builders import MB
 
@@ -44,10 +44,16 @@ def _run(kernel, m: MasterService, keys: pa.Array, want_replicas: bool):
     lease, flags = o.lease_deadline_ns.copy(), o.flags.copy()
     codes = np.empty(offsets.size - 1, np.int32)
     _, _, bases, unit_bits = _segment_lists(s)
-    columns = kernel(s.keys.table, s.keys.arena, o.key_ref, o.tenant, offsets, data, np.array([0], np.int32),
-                     m.clocks.steady_ns(), m.lease_ttl_ns, flags, lease, s.group_of.links(), o.replica_status,
-                     o.replica_kind, o.replica_segment, s.segments.readable, o.replica_more, o.replica_id,
-                     o.replica_offset, o.size_bytes, bases, unit_bits, want_replicas, codes)
+    buffer = ReplicaBuffer(s, offsets.size - 1)
+    out = (buffer.key_index, buffer.replica_id, buffer.segment_code, buffer.address, buffer.size)
+    count, fits, *columns = kernel(s.keys.table, s.keys.arena, o.key_ref, o.tenant, offsets, data,
+                                   np.array([0], np.int32), m.clocks.steady_ns(), m.lease_ttl_ns, flags, lease,
+                                   s.group_of.links(), o.replica_status, o.replica_kind, o.replica_segment,
+                                   s.segments.readable, o.replica_more, o.replica_id, o.replica_offset, o.size_bytes,
+                                   bases, unit_bits, want_replicas, codes, 0, 0, *out)
+    if fits:
+        columns = [a[:count] for a in out]
+    assert len(columns[0]) == count
     return codes, columns, lease, flags
 
 
