@@ -11,8 +11,8 @@ from ..kernels import predicates as pk
 from ..kernels import reads as rk
 from ..messages import ObjectInfo, ReplicaDescriptor, SegmentInfo
 from ..metrics import Metrics
-from ..schema import (FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, ST_EMPTY,
-                      ReplicaKind, ReplicaStatus)
+from ..schema import (FLAG_HARD_PINNED, FLAG_PROCESSING, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, REPLICA_COLUMNS,
+                      ST_EMPTY, ReplicaKind, ReplicaStatus)
 from ..store.metadata import MetadataStore
 from ..store.segments import byte_offsets
 
@@ -182,6 +182,10 @@ def _segment_lists(store: MetadataStore) -> tuple[list[str], list[str], np.ndarr
     return names, endpoints, bases, np.append(store.segments.unit_bits[:len(infos)], 0)
 
 
+# key index, replica id, segment code, address, size: ReplicaBuffer's columns, in that order
+_BUFFER_DTYPES = (np.int64, REPLICA_COLUMNS["replica_id"], np.int32, np.int64, np.int64)
+
+
 class ReplicaBuffer:
     """Replica columns for a whole batch read, a full row of replica slots per key: each
     chunk's kernel call writes its replicas right after the previous chunk's, so the batch's
@@ -189,11 +193,8 @@ class ReplicaBuffer:
 
     def __init__(self, store: MetadataStore, keys: int) -> None:
         cap = keys * store.objects.slots
-        self.key_index = np.empty(cap, np.int64)
-        self.replica_id = np.empty(cap, store.objects.replica_id.dtype)
-        self.segment_code = np.empty(cap, np.int32)
-        self.address = np.empty(cap, np.int64)
-        self.size = np.empty(cap, np.int64)
+        self.key_index, self.replica_id, self.segment_code, self.address, self.size = (
+            np.empty(cap, dt) for dt in _BUFFER_DTYPES)
         self.filled = 0
 
     def columns(self) -> tuple[np.ndarray, ...]:
@@ -204,7 +205,7 @@ class ReplicaBuffer:
                      for a in (self.key_index, self.replica_id, self.segment_code, self.address, self.size))
 
 
-_NO_BUFFER = tuple(np.empty(0, dt) for dt in (np.int64, np.uint64, np.int32, np.int64, np.int64))
+_NO_BUFFER = tuple(np.empty(0, dt) for dt in _BUFFER_DTYPES)
 
 
 def read_batch(store: MetadataStore, offsets: np.ndarray, data: np.ndarray, tenant: int, now: int, ttl_ns: int,
