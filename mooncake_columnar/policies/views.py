@@ -20,12 +20,6 @@ from ..store.segments import byte_offsets
 _KINDS = {int(k): k for k in ReplicaKind}
 _STATUSES = {int(s): s for s in ReplicaStatus}
 _COMPLETE = int(ReplicaStatus.COMPLETE)
-_COMPLETE_STATUS = ReplicaStatus.COMPLETE
-_MEMORY_KIND = ReplicaKind.MEMORY
-_MEMORY = int(ReplicaKind.MEMORY)
-# what ReplicaDescriptor(...) runs, without the Python frame of the NamedTuple's generated __new__
-# (half the cost of the one descriptor a single-key get builds)
-_new_descriptor = tuple.__new__
 
 
 def object_info(store: MetadataStore, row: int, key: str) -> ObjectInfo:
@@ -115,18 +109,13 @@ def readable_descriptors(store: MetadataStore, row: int) -> list[ReplicaDescript
     return out
 
 
-def readable_descriptor(store: MetadataStore, replica_id: int, kind: int, code: int, offset: int,
-                        size: int) -> ReplicaDescriptor:
-    """The descriptor :func:`readable_descriptors` builds for a readable (so COMPLETE) slot
-    with these values (``code``: the slot's segment column, ``offset``: its byte offset in the
-    segment, kernels/reads.read_one)."""
-    if kind != _MEMORY:  # LOCAL_DISK: the segment column holds the owner client
-        return ReplicaDescriptor(replica_id, _KINDS[kind], _COMPLETE_STATUS, "", store.clients.name(code), 0,
-                                 size, True)
-    seg = store.segments.info[code]
-    assert seg is not None  # readable: its segment is mounted
-    return _new_descriptor(ReplicaDescriptor, (replica_id, _MEMORY_KIND, _COMPLETE_STATUS, seg.name, seg.endpoint,
-                                               seg.base + offset, size, True))
+def readable_disk_descriptor(store: MetadataStore, replica_id: int, kind: int, code: int,
+                             size: int) -> ReplicaDescriptor:
+    """The descriptor :func:`readable_descriptors` builds for a readable (so COMPLETE) slot of
+    a kind other than MEMORY (LOCAL_DISK: ``code``, its segment column, holds the owner client);
+    MasterService.get_replica_list builds a memory slot's itself."""
+    return ReplicaDescriptor(replica_id, _KINDS[kind], ReplicaStatus.COMPLETE, "", store.clients.name(code), 0, size,
+                             True)
 
 
 def _row_descriptors(store: MetadataStore, row: int, readable_only: bool, out: list[ReplicaDescriptor]) -> None:

@@ -30,6 +30,15 @@ if TYPE_CHECKING:
     from .metadata import MetadataStore
 
 
+def _key_bytes(key: object) -> bytes:
+    """The UTF-8 bytes of a single-key read's key, or InvalidParams (not a str, empty, a lone
+    surrogate, longer than MAX_KEY_BYTES)."""
+    b = require_str("key", key).encode()
+    if len(b) > MAX_KEY_BYTES:
+        raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
+    return b
+
+
 class SingleKeyReader:
     """``read(key, tenant_id, now, ttl_ns)``: kernels/reads.read_one on the store's columns.
     Between reads the object keeps the arrays its column table describes alive; :meth:`release`
@@ -60,12 +69,11 @@ class SingleKeyReader:
         tenant), with the read lease granted on OK, the group's too; the caller holds the master
         lock. One Python frame between the master's call and the kernel: its body is most of a
         single get's time (no NumPy array or Arrow object per call)."""
-        k = key if type(key) is str and key and key.isascii() else require_str("key", key)
-        b = k.encode()
-        if len(b) > MAX_KEY_BYTES:
-            raise InvalidParams(f"key longer than {MAX_KEY_BYTES} bytes")
+        # the common key (a non-empty ASCII str: as many bytes as characters) checked in one test
+        b = key.encode() if type(key) is str and key.isascii() and 0 < len(key) <= MAX_KEY_BYTES else _key_bytes(key)
         s = self._store
-        tenant = s.tenants.find(tenant_id if type(tenant_id) is str else require_str("tenant_id", tenant_id))
+        tenant = (s.tenants.lookup(tenant_id, -1) if type(tenant_id) is str
+                  else s.tenants.find(require_str("tenant_id", tenant_id)))
         if ArrayEpoch.replaced != self._epoch:  # some holder's array was replaced: maybe ours
             self._refresh()
         answer = self._kernel(self._address, b, tenant, now, ttl_ns)

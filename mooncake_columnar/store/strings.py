@@ -15,6 +15,9 @@ class StringDictionary:
         self._codes: dict[str, int] = {}
         self._names: list[str] = []
         self.what, self.limit = what, limit
+        # ``lookup(name, -1)``: :meth:`find` without its Python frame (the dict's own ``get``;
+        # the single-key reads call it on every get)
+        self.lookup = self._codes.get
 
     def __len__(self) -> int:
         return len(self._names)

@@ -133,6 +133,23 @@ def test_bad_keys_and_tenants_get_the_same_typed_errors(master):
     with pytest.raises(ObjectNotFound):
         master.get_replica_list("absent")
     assert not master.exist_key("absent", "no-such-tenant")
+    # the key's limit is in UTF-8 bytes: MAX_KEY_BYTES ASCII characters are a key, as many
+    # characters of two bytes each are not
+    assert not master.exist_key("k" * MAX_KEY_BYTES)
+    with pytest.raises(InvalidParams):
+        master.exist_key("\u00e9" * (MAX_KEY_BYTES // 2 + 1))
+
+
+def test_a_tenant_named_after_the_first_read_is_found(clocks):
+    """Single reads look the tenant code up in the tenant dictionary's live mapping
+    (StringDictionary.lookup), not in a copy taken before."""
+    m = MasterService(MasterConfig(), clocks=clocks)
+    m.mount_segment("seg0", endpoint="10.0.0.1:1", client_id="c0", base=1 << 32, size=16 * MB)
+    assert not m.exist_key("k", "t2")
+    m.put_start("k", 4096, client_id="c0", config=ReplicateConfig(tenant_id="t2"))
+    m.put_end("k", client_id="c0", tenant_id="t2")
+    assert m.exist_key("k", "t2") and not m.exist_key("k")
+    assert [r.segment for r in m.get_replica_list("k", "t2")] == ["seg0"]
 
 
 def test_a_replacement_in_another_masters_store_keeps_this_readers_columns(clocks):
