@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -280,6 +281,16 @@ def test_threads_master_lock_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     th.join(30)
     assert not th.is_alive(), "the waiter did not finish in 30 s"
     assert order == ["waiter", "holder"]
+
+
+def test_threads_master_lock_state_is_its_slots_only() -> None:
+    """The lock's state lives in slots (read on every single-key call): an attribute outside
+    them is refused rather than silently added, and the lock still takes weak references."""
+    lock = MasterLock()
+    with pytest.raises(AttributeError):
+        lock.waiter = []  # type: ignore[attr-defined]  # (a typo of ``waiters``)
+    lock.settle = None
+    assert weakref.ref(lock)() is lock
 
 
 def test_threads_busy_callers_hand_the_lock_over_per_turn_not_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
