@@ -57,9 +57,11 @@ _CHUNKS = 64
 _SLOTS_PER_LINE = 8  # int64 slots in a 64-byte cache line
 _AHEAD = 16  # rows: how far ahead :func:`_hash_rows` starts the loads of the keys it hashes next
 _PARALLEL_DELETE_MIN = BATCH_MIN  # below this, thread start-up costs more than it saves
-# From 1/_SWEEP_RATIO of the table's slots on, one pass over the whole table deletes a batch: about
-# 1 ns per slot against about 160 ns per row hashed and probed in a table far larger than the cache
-# (10M keys, 5% deleted: 0.012 against 0.08 CPU s). Smaller batches keep the per-row path.
+# From 1/_SWEEP_RATIO of the table's slots on, one pass over the whole table deletes a batch (about
+# 1.1 ns per slot, plus 90 ns per deleted row for its run) instead of hashing and probing each row
+# (about 170 ns per row in a table far larger than the cache). One thread, 13.3M slots: 50K rows
+# 0.019 against 0.012 CPU s, 200K rows 0.040 against 0.046, 500K rows (an eviction of 5% of 10M
+# objects) 0.058 against 0.085-0.11. Smaller batches keep the per-row path.
 _SWEEP_RATIO = 64
 
 
@@ -192,7 +194,7 @@ def _delete_rows_sweep(table, rows, key_refs):
     for c in prange(chunks):
         lo = c * size // chunks
         p = lo
-        while table[np.uint64(_slot(p, size))] != EMPTY_SLOT and p < lo + size - 1:
+        while table[np.uint64(_slot(p, size))] != EMPTY_SLOT and p < lo + size - 1:  # (the index is never full)
             p += 1
         first[c] = p
     first[chunks] = first[0] + size
