@@ -7,11 +7,12 @@ import numpy as np
 from numba import prange
 
 from .dispatch import BATCH_MIN, variant
-from .hashing import (EMPTY_SLOT, delete_in, delete_row, fill_slot, find_or_empty_slot, hash_key, home_slot, ref_length,
-                      ref_offset, region_of, region_start, slot_entry)
+from .hashing import (EMPTY_SLOT, ROW_MASK, delete_in, delete_row, fill_slot, find_or_empty_slot, hash_key, home_slot,
+                      ref_length, ref_offset, region_of, region_start, slot_entry, tag_home)
 from .jit import njit
-from .nrt_free import nrt_free
+from .nrt_free import nrt_free, nrt_free_core
 from .prefetch import prefetch
+from .rowbits import bit, has_bit, words_for
 
 _BLOCK = 64  # rows staged together (as hashing's batch lookup stages keys)
 
@@ -56,6 +57,12 @@ _CHUNKS = 64
 _SLOTS_PER_LINE = 8  # int64 slots in a 64-byte cache line
 _AHEAD = 16  # rows: how far ahead :func:`_hash_rows` starts the loads of the keys it hashes next
 _PARALLEL_DELETE_MIN = BATCH_MIN  # below this, thread start-up costs more than it saves
+# From 1/_SWEEP_RATIO of the table's slots on, one pass over the whole table deletes a batch (about
+# 1.1 ns per slot, plus 90 ns per deleted row for its run) instead of hashing and probing each row
+# (about 170 ns per row in a table far larger than the cache). One thread, 13.3M slots: 50K rows
+# 0.019 against 0.012 CPU s, 200K rows 0.040 against 0.046, 500K rows (an eviction of 5% of 10M
+# objects) 0.058 against 0.085-0.11. Smaller batches keep the per-row path.
+_SWEEP_RATIO = 64
 
 
 @njit(inline="always", cache=True)
@@ -81,6 +88,8 @@ def delete_rows(table, rows, arena, key_refs, row_tenant) -> int:
     """Delete rows from the index (absent ones are ignored); returns their key bytes."""
     if rows.shape[0] < _PARALLEL_DELETE_MIN:  # serial, and keeping the GIL (see :mod:`.dispatch`)
         return int(_delete_rows_small(table, rows, arena, key_refs, row_tenant))
+    if rows.shape[0] * _SWEEP_RATIO >= table.shape[0]:
+        return int(_delete_rows_sweep(table, rows, key_refs))
     return int(_delete_rows_parallel(table, rows, arena, key_refs, row_tenant))
 
 
@@ -158,6 +167,104 @@ def _delete_rows_parallel(table, rows, arena, key_refs, row_tenant):
         if crossed[t]:
             delete_row(table, grouped_rows[t], grouped_hs[t])
     return key_bytes.sum()
+
+
+@njit(inline="always", cache=True)
+def _slot(p, size):
+    """The slot of position ``p`` (0 <= p < 2 * size: a sweep's runs may wrap around the table's
+    end). Positions are unsigned: no negative-index fix-up at each access."""
+    return p - size if p >= size else p
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _delete_rows_sweep(table, rows, key_refs):
+    """The rows marked in a bitset, then one parallel pass over the table: no key is hashed and
+    no row's key bytes are read, each slot's row is tested against the bitset (1.25 MB at 10M
+    rows: in cache). Within a run holding a deleted entry, every later entry is re-inserted at
+    the first empty slot from its home (they only move back): the table that deleting the rows
+    one at a time leaves (backward-shift deletion leaves a run as if the key had never been
+    inserted). A chunk owns the runs that start from its first empty slot up to the next
+    chunk's, found before any slot changes, so no run is shared."""
+    size = table.shape[0]
+    bits = np.zeros(words_for(key_refs.shape[0]) + 1, np.uint64)  # + 1: see _marked
+    for i in range(rows.shape[0]):
+        bits[rows[i] >> 6] |= bit(rows[i] & 63)
+    chunks = min(_CHUNKS, size)
+    first = np.empty(chunks + 1, np.int64)
+    for c in prange(chunks):
+        lo = c * size // chunks
+        p = lo
+        while table[np.uint64(_slot(p, size))] != EMPTY_SLOT and p < lo + size - 1:  # (the index is never full)
+            p += 1
+        first[c] = p
+    first[chunks] = first[0] + size
+    key_bytes = np.zeros(chunks, np.int64)
+    per_chunk = (rows.shape[0] + chunks - 1) // chunks
+    for c in prange(chunks):
+        for i in range(c * per_chunk, min(rows.shape[0], (c + 1) * per_chunk)):
+            key_bytes[c] += ref_length(key_refs[rows[i]])
+        _sweep_runs(table, bits, np.uint64(first[c]), np.uint64(first[c + 1]))
+    return key_bytes.sum()
+
+
+@njit(inline="always", cache=True)
+def _marked(bits, v):
+    """Slot value ``v`` holds a row marked in ``bits``; an empty slot's "row" (2**32 - 1) reads
+    the bitset's last word, kept zero: no branch on emptiness (a coin toss at 75% load)."""
+    r = min(np.uint64(v) & np.uint64(ROW_MASK), np.uint64(bits.shape[0] - 1) << np.uint64(6))
+    return has_bit(bits[r >> np.uint64(6)], r & np.uint64(63))
+
+
+@njit(inline="always", cache=True)
+def _sweep_runs(table, bits, a, b):
+    """Delete the marked entries of the runs at positions a..b-1 (unsigned; ``a`` an empty slot):
+    a tight scan for the next marked entry, then its run rebuilt up to the run's end."""
+    size = np.uint64(table.shape[0])
+    for part in range(2):  # the positions before the table's end, then those wrapped past it
+        lo, hi = (a, min(b, size)) if part == 0 else (max(a, size), b)
+        shift = np.uint64(0) if part == 0 else size
+        for p in range(lo, hi):  # (the slots of a rebuilt run are passed again: none is marked now)
+            if _marked(bits, table[p - shift]):
+                _rebuild_run(table, bits, p, size)
+
+
+@nrt_free_core
+def _rebuild_run(table, bits, p, size):
+    """Delete the entry at position ``p`` (marked) and every later marked one of its run; move
+    the others back to the first empty slot from their home."""
+    table[_slot(p, size)] = EMPTY_SLOT
+    free = p   # the first empty position from the first deleted one on, among those passed
+    holes = 1  # empty positions before the current one (entries deleted in the run so far)
+    while True:
+        p += np.uint64(1)
+        at = _slot(p, size)
+        v = table[at]
+        if v == EMPTY_SLOT:
+            return
+        if _marked(bits, v):
+            table[at] = EMPTY_SLOT
+            holes += 1
+            free = min(free, p)
+            continue
+        home = np.uint64(tag_home(v >> 32, size))  # then the probe distance, then the home's position
+        home = p - (at - home if at >= home else at + size - home)
+        if holes == 1:  # ``free`` is the one empty slot before p: v moves there or stays
+            moved = home <= free  # (selects, not branches: whether it moves is a coin toss)
+            table[_slot(free, size)] = v if moved else EMPTY_SLOT
+            table[at] = EMPTY_SLOT if moved else v
+            free = p if moved else free
+            continue
+        table[at] = EMPTY_SLOT
+        if home <= free:  # every slot from the home to ``free`` is taken: v goes there
+            table[_slot(free, size)] = v
+            free += np.uint64(1)
+            while free < p and table[_slot(free, size)] != EMPTY_SLOT:
+                free += np.uint64(1)
+        else:
+            q = home
+            while table[_slot(q, size)] != EMPTY_SLOT:
+                q += np.uint64(1)
+            table[_slot(q, size)] = v
 
 
 @njit(inline="always", cache=True)

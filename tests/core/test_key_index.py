@@ -1,6 +1,8 @@
 """KeyIndex against a dict under insert/delete churn (backward-shift deletion, growth, compaction)."""
 from __future__ import annotations
 
+from unittest import mock
+
 import hypothesis.strategies as st
 import numpy as np
 import pyarrow as pa
@@ -69,18 +71,26 @@ def _index_with_keys(n: int, tenants: int, capacity: int) -> tuple[KeyIndex, Obj
     return index, objects, keys, tenant
 
 
+def _bulk_path(sweep: bool):
+    """Every bulk delete takes the table sweep (``sweep``) or the per-row path, whatever its size."""
+    return mock.patch.object(index_rows, "_SWEEP_RATIO", 1 << 40 if sweep else 0)
+
+
+@pytest.mark.parametrize("sweep", [False, True])
 @settings(max_examples=compiled_or_plain(8, 2), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), fraction=st.floats(0.4, 1.0))
-def test_bulk_delete_across_region_boundaries_matches_one_by_one(seed, fraction):
-    """The parallel bulk delete (regions of a small, 75%-full table: many probe runs cross a
-    region boundary) leaves an index that answers every lookup like deleting one key at a time."""
+def test_bulk_delete_across_region_boundaries_matches_one_by_one(sweep, seed, fraction):
+    """The parallel bulk deletes (regions of a small, 75%-full table: many probe runs cross a
+    region boundary; or chunks of the sweep) leave an index that answers every lookup like
+    deleting one key at a time."""
     n = 11_000  # 14667 slots (not a power of two): 256 regions of 57 or 58 slots
     index, objects, keys, tenant = _index_with_keys(n, tenants=3, capacity=n)
     assert index.table.shape[0] == 14667
     rng = np.random.default_rng(seed)
     doomed = np.sort(rng.choice(n, int(n * fraction), replace=False)).astype(np.int64)
     assert doomed.size >= index_rows._PARALLEL_DELETE_MIN
-    index.remove(doomed)
+    with _bulk_path(sweep):
+        index.remove(doomed)
     offsets, data = string_buffers(keys)
     found = index.lookup_batch(offsets, data, tenant)
     expected = np.arange(n)
@@ -89,20 +99,42 @@ def test_bulk_delete_across_region_boundaries_matches_one_by_one(seed, fraction)
     assert sorted(hk.slot_rows(index.table).tolist()) == np.flatnonzero(expected >= 0).tolist()
 
 
+@pytest.mark.parametrize("sweep", [False, True])
 @settings(max_examples=compiled_or_plain(8, 2), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), fraction=st.floats(0.4, 1.0), capacity=st.floats(0.9, 1.3))
-def test_bulk_delete_leaves_the_table_one_by_one_deletes_leave(seed, fraction, capacity):
-    """Slot for slot: the parallel bulk delete (whose regions skip the run-end check before their
-    last empty slot) leaves exactly the table that deleting the rows one at a time leaves, at
-    loads up to 83% (long runs, some crossing region ends, some wrapping around the table)."""
+def test_bulk_delete_leaves_the_table_one_by_one_deletes_leave(sweep, seed, fraction, capacity):
+    """Slot for slot: the parallel bulk deletes (the per-row one, whose regions skip the run-end
+    check before their last empty slot; the sweep, which rebuilds each run holding a deleted
+    entry) leave exactly the table that deleting the rows one at a time leaves, at loads up to
+    83% (long runs, some crossing region or chunk ends, some wrapping around the table)."""
     n = 11_000
     index, objects, _, _ = _index_with_keys(n, tenants=3, capacity=int(n * capacity))
     doomed = np.sort(np.random.default_rng(seed).choice(n, int(n * fraction), replace=False)).astype(np.int64)
     one_by_one = index.table.copy()
     for k in range(doomed.size):
         index_rows.delete_rows(one_by_one, doomed[k:k + 1], index.arena, objects.key_ref, objects.tenant)
-    index.remove(doomed)
+    with _bulk_path(sweep):
+        index.remove(doomed)
     np.testing.assert_array_equal(index.table, one_by_one)
+
+
+@pytest.mark.parametrize("fraction", [0.02, 0.05, 0.3])
+def test_table_sweep_and_per_row_bulk_delete_leave_the_same_table(fraction):
+    """The two bulk deletes, called directly on the same table with a few deleted rows per run
+    (as an eviction of 5% leaves them) and rows that are not in the index (ignored; their key
+    bytes still counted): the same table and the same key bytes."""
+    n = 11_000
+    index, objects, _, _ = _index_with_keys(n + 500, tenants=3, capacity=n + 500)
+    rng = np.random.default_rng(7)
+    index_rows.delete_rows(index.table, np.arange(n, n + 500), index.arena, objects.key_ref, objects.tenant)
+    doomed = np.sort(np.concatenate([rng.choice(n, int(n * fraction), replace=False),
+                                     rng.choice(np.arange(n, n + 500), 50, replace=False)])).astype(np.int64)
+    swept, per_row = index.table.copy(), index.table.copy()
+    refs, tenants = objects.key_ref, objects.tenant
+    swept_bytes = index_rows._delete_rows_sweep(swept, doomed, refs)
+    assert swept_bytes == index_rows._delete_rows_parallel(per_row, doomed, index.arena, refs, tenants)
+    np.testing.assert_array_equal(swept, per_row)
+    assert sorted(hk.slot_rows(swept).tolist()) == sorted(set(range(n)) - set(doomed.tolist()))
 
 
 @settings(max_examples=60, deadline=None)
