@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from .metadata import MetadataStore
     from .objects import ObjectTable
 
+_KEY_COPY_CHUNK = 64 << 20  # key bytes copied into the arena between two after_pass calls
+
 
 @dataclass(frozen=True)
 class NewObjects:
@@ -91,17 +93,21 @@ def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
 
 def _insert_keys(m: MetadataStore, rows: np.ndarray, offsets: np.ndarray, data: np.ndarray,
                  after_pass: Callable[[], None]) -> None:
-    """Copy the key bytes into the arena and index every row (one kernel pass over the bytes)."""
+    """Copy the key bytes into the arena and index every row."""
     o = m.objects
     n = rows.size
-    nbytes = max(0, int(offsets[-1] - offsets[0]))
+    nbytes = int(offsets[-1] - offsets[0])
     m.keys.reserve(n, nbytes)
     start = m.keys.arena_used
-    dup = index_load.load_keys_unique(m.keys.table, rows, offsets, data, m.keys.arena, start - int(offsets[0]),
-                                      o.key_ref, o.tenant, after_pass)
-    if dup == index_load.BAD_KEYS:
-        raise SnapshotIntegrityError(f"objects: a key's offsets are out of order, or it is longer than "
-                                     f"{(1 << hk.KEY_LENGTH_BITS) - 1} bytes")
+    first = int(offsets[0])
+    for done in range(0, nbytes, _KEY_COPY_CHUNK):  # in chunks: after_pass lets each one's input go
+        step = min(_KEY_COPY_CHUNK, nbytes - done)
+        m.keys.arena[start + done:start + done + step] = data[first + done:first + done + step]
+        after_pass()
+    if not index_load.set_key_refs(o.key_ref, rows, offsets, start - int(offsets[0])):
+        raise SnapshotIntegrityError(f"objects: a key is longer than {(1 << hk.KEY_LENGTH_BITS) - 1} bytes")
+    after_pass()
+    dup = index_load.bulk_insert_unique(m.keys.table, rows, m.keys.arena, o.key_ref, o.tenant)
     if dup >= 0:
         key = bytes(data[offsets[dup]:offsets[dup + 1]]).decode("utf-8", "replace")
         raise SnapshotIntegrityError(f"objects: duplicate (tenant, key) ({m.tenants.name(int(o.tenant[rows[dup]]))}, "
