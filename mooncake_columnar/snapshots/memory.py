@@ -52,8 +52,9 @@ def _run(work: list[list], touch) -> None:
 
 def prefault(arrays: Iterable[np.ndarray], threads: int = FAULT_THREADS) -> None:
     """Fault in every page of ``arrays`` (contiguous NumPy arrays about to be written) from
-    ``threads`` threads. Contents are unspecified afterwards: call it on freshly allocated arrays
-    only, before filling them. NumPy releases the GIL while it fills large arrays."""
+    ``threads`` threads, writing zeros: call it on freshly allocated arrays only, before filling
+    them (an ``np.zeros`` array keeps its contents). NumPy releases the GIL while it fills large
+    arrays."""
     arrays = [a for a in arrays if a.nbytes]
     if not arrays or sum(a.nbytes for a in arrays) < MIN_FAULT_BYTES:
         return

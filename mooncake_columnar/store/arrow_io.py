@@ -15,6 +15,8 @@ import pyarrow as pa
 from ..kernels.jit import njit
 from ..errors import SegmentExtentsCorrupt, SnapshotExtentError
 from ..schema import (
+    OBJECT_COLUMNS,
+    REPLICA_COLUMNS,
     FLAG_HARD_PINNED,
     FLAG_LIVE,
     FLAG_PROCESSING,
@@ -45,6 +47,7 @@ def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable
     LOAD_BATCH_ROWS objects at a time: the pages of a mapped snapshot file are let go after each
     pass (snapshots/mapped.py), so a restore's peak is about the engine it fills."""
     from ..snapshots.mapped import release_mapped
+    from ..snapshots.memory import prefault
     if m.objects.high_water or m.objects.free_count:
         raise ValueError("load_tables fills an empty master")
     segments = state.segments
@@ -56,6 +59,11 @@ def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable
     objects, replicas = state.objects, state.replicas
     key_bytes = sum(_string_bytes(chunk) for chunk in objects.column("key").chunks)
     m.keys.reserve(objects.num_rows, key_bytes)  # once: no index rehash or arena growth between batches
+    # the empty columns (zeros, as allocated) and the keys' arena span fault in now, from several
+    # threads: the slice writes below would fault them in one page at a time, on this thread
+    o, keys = m.objects, m.keys
+    prefault([*(getattr(o, name) for name in (*OBJECT_COLUMNS, *REPLICA_COLUMNS)),
+              keys.arena[keys.arena_used:keys.arena_used + key_bytes]])
     for lo, hi, r_lo, r_hi in _batches(objects.num_rows, replicas):  # batch by batch: bounded temporaries
         append_objects(m, objects.slice(lo, hi - lo), replicas.slice(r_lo, r_hi - r_lo), release_mapped,
                        first_object=lo)
