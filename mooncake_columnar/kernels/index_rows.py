@@ -63,6 +63,11 @@ _PARALLEL_DELETE_MIN = BATCH_MIN  # below this, thread start-up costs more than 
 # 0.019 against 0.012 CPU s, 200K rows 0.040 against 0.046, 500K rows (an eviction of 5% of 10M
 # objects) 0.058 against 0.085-0.11. Smaller batches keep the per-row path.
 _SWEEP_RATIO = 64
+# Slots: how far ahead of its test the sweep starts loading the bitset word of a slot's row. The
+# rows are in random order, so the words are random reads; a bitset beyond the cache (12.5 MB at
+# 100M rows) made them three quarters of the sweep. 134M slots, two threads: 0.55 -> 0.17 s
+# (13.4M slots, the bitset in cache: 0.0165 -> 0.0136 s).
+_MARK_AHEAD = np.uint64(128)
 
 
 @njit(inline="always", cache=True)
@@ -208,10 +213,17 @@ def _delete_rows_sweep(table, rows, key_refs):
 
 
 @njit(inline="always", cache=True)
+def _row_bit(bits, v):
+    """The bit of ``bits`` that slot value ``v``'s row has; an empty slot's "row" (2**32 - 1)
+    has one in the bitset's last word, kept zero: no branch on emptiness (a coin toss at 75%
+    load)."""
+    return min(np.uint64(v) & np.uint64(ROW_MASK), np.uint64(bits.shape[0] - 1) << np.uint64(6))
+
+
+@njit(inline="always", cache=True)
 def _marked(bits, v):
-    """Slot value ``v`` holds a row marked in ``bits``; an empty slot's "row" (2**32 - 1) reads
-    the bitset's last word, kept zero: no branch on emptiness (a coin toss at 75% load)."""
-    r = min(np.uint64(v) & np.uint64(ROW_MASK), np.uint64(bits.shape[0] - 1) << np.uint64(6))
+    """Slot value ``v`` holds a row marked in ``bits``."""
+    r = _row_bit(bits, v)
     return has_bit(bits[r >> np.uint64(6)], r & np.uint64(63))
 
 
@@ -224,6 +236,7 @@ def _sweep_runs(table, bits, a, b):
         lo, hi = (a, min(b, size)) if part == 0 else (max(a, size), b)
         shift = np.uint64(0) if part == 0 else size
         for p in range(lo, hi):  # (the slots of a rebuilt run are passed again: none is marked now)
+            prefetch(bits, _row_bit(bits, table[min(p + _MARK_AHEAD, hi - np.uint64(1)) - shift]) >> np.uint64(6))
             if _marked(bits, table[p - shift]):
                 _rebuild_run(table, bits, p, size)
 
