@@ -14,6 +14,7 @@ from numba import prange
 
 from .chains import next_row
 from .jit import njit
+from .prefetch import ROWS_AHEAD, prefetch
 from .slot_index import slot_value
 from .predicates import (is_eviction_candidate, is_evictable_memory_replica, is_grouped,
                          is_hard_pinned, is_live, is_unreadable_memory_replica, lease_expired,
@@ -415,7 +416,16 @@ def finalize(rows, codes, now, flags, lease, soft_deadline, status, kind, segmen
     mark, per row of their chains (``owner``/``chain``: ObjectTable.chains), the replicas
     eviction drops and those that remain (oplog PUT_END(remaining)).
     """
-    for i in prange(rows.shape[0]):
+    n = rows.shape[0]
+    for i in prange(n):
+        if i + ROWS_AHEAD < n:  # sparse rows: their misses overlap only when started early
+            ahead = rows[i + ROWS_AHEAD]
+            prefetch(flags, ahead)
+            prefetch(lease, ahead)
+            prefetch(status, (ahead, 0))
+            prefetch(kind, (ahead, 0))
+            prefetch(segment, (ahead, 0))
+            prefetch(refcnt, (ahead, 0))
         r = rows[i]
         keep[i] = is_eviction_candidate(r, now, codes[r] == PLANNED_SOFT, flags, lease, soft_deadline,
                                         status, kind, segment, refcnt, seg_readable, more)

@@ -19,7 +19,7 @@ from . import hashing as hk
 from .dispatch import BATCH_MIN, variant
 from .moves import move
 from .nrt_free import nrt_free, nrt_free_core
-from .prefetch import prefetch
+from .prefetch import ROWS_AHEAD, prefetch
 from .leases import commit_soft_pin, grant_until
 from .rowbits import bit, words_for
 from .slot_index import find_slot, slot_value
@@ -390,7 +390,11 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
     start = np.zeros(chunks + 1, np.int64)
     for c in prange(chunks):
         k = 0
-        for i in range(c * step, min(n, (c + 1) * step)):
+        end = min(n, (c + 1) * step)
+        for i in range(c * step, end):
+            if i + ROWS_AHEAD < end:  # sparse rows: their misses overlap only when started early
+                prefetch(rep_kind, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
+                prefetch(rep_seg, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
             k += _frees_extent(rows[i], slots[i], allocatable, rep_kind, rep_seg)
         start[c + 1] = k
     for c in range(chunks):
@@ -401,7 +405,12 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
     dropped = np.zeros(chunks, np.int64)
     for c in prange(chunks):
         k = start[c]
-        for i in range(c * step, min(n, (c + 1) * step)):
+        end = min(n, (c + 1) * step)
+        for i in range(c * step, end):
+            if i + ROWS_AHEAD < end:
+                prefetch(sizes, rows[i + ROWS_AHEAD])
+                prefetch(rep_off, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
+                prefetch(rep_status, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
             r, j = rows[i], slots[i]
             if _frees_extent(r, j, allocatable, rep_kind, rep_seg):
                 s = rep_seg[r, j]
