@@ -243,11 +243,64 @@ def _bound(sample: np.ndarray, k: int, count: int) -> int | None:
     return int(sample[min(sample.size - 1, int(sample.size * k / count * 1.25) + 64)])
 
 
+_SELECT_BITS = 12  # buckets of :func:`_kth`'s histogram: 2**12 per chunk (32 KB, in cache)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _select_bucket(keys, k):
+    """The histogram step of :func:`_kth`: (lowest key, bucket shift, bucket of the k-th smallest,
+    keys in the buckets before it, keys in it). Keys are offset by the lowest one as unsigned
+    (exact for any int64 range); parallel chunks, each with its own histogram."""
+    n = keys.shape[0]
+    per = (n + _CHUNKS - 1) // _CHUNKS
+    lows = np.empty(_CHUNKS, np.int64)
+    highs = np.empty(_CHUNKS, np.int64)
+    for c in prange(_CHUNKS):
+        lo = hi = keys[min(c * per, n - 1)]
+        for i in range(c * per, min(n, (c + 1) * per)):
+            lo = min(lo, keys[i])
+            hi = max(hi, keys[i])
+        lows[c], highs[c] = lo, hi
+    low = lows.min()
+    span = np.uint64(highs.max()) - np.uint64(low)
+    shift = 0
+    while (span >> np.uint64(shift)) >= np.uint64(1 << _SELECT_BITS):
+        shift += 1
+    counts = np.zeros((_CHUNKS, 1 << _SELECT_BITS), np.int64)
+    for c in prange(_CHUNKS):
+        for i in range(c * per, min(n, (c + 1) * per)):
+            counts[c, (np.uint64(keys[i]) - np.uint64(low)) >> np.uint64(shift)] += 1
+    total = counts.sum(axis=0)
+    below = 0
+    b = 0
+    while below + total[b] < k:
+        below += total[b]
+        b += 1
+    return low, shift, b, below, total[b]
+
+
+@njit(cache=True, nogil=True)
+def _in_bucket(keys, low, shift, b, count):
+    """The keys of bucket ``b`` (``count`` of them) of :func:`_select_bucket`'s histogram."""
+    out = np.empty(count, np.int64)
+    m = 0
+    for i in range(keys.shape[0]):
+        if (np.uint64(keys[i]) - np.uint64(low)) >> np.uint64(shift) == np.uint64(b):
+            out[m] = keys[i]
+            m += 1
+    return out
+
+
 def _kth(keys: np.ndarray, k: int) -> tuple[int, int]:
-    """The k-th smallest of ``keys``, and how many of the k smallest equal it."""
-    part = np.partition(keys, k - 1)
-    kth = part[k - 1]
-    return int(kth), k - int(np.count_nonzero(part[:k] < kth))
+    """The k-th smallest of ``keys``, and how many of the k smallest equal it. A histogram of the
+    keys finds the bucket holding it, and only that bucket is partitioned: at 100M objects
+    (about 6M listed deadlines) np.partition of them all took 60-75 ms."""
+    low, shift, b, below, count = _select_bucket(keys, k)
+    part = _in_bucket(keys, low, shift, b, count)
+    j = k - int(below)  # the k-th smallest is the bucket's j-th
+    part.partition(j - 1)
+    kth = part[j - 1]
+    return int(kth), j - int(np.count_nonzero(part[:j] < kth))
 
 
 def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:

@@ -147,6 +147,29 @@ def test_only_predicates_module_tests_pin_bits_or_compares_deadlines():
                             and any("seg" in t for t in compares)), f"{name} tests memory-on-segment: {text}"
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(I64, min_size=1, max_size=300), st.data())
+def test_kth_smallest_and_its_ties_match_a_full_partition(keys, data):
+    """The histogram select (buckets over any int64 span, ties, one distinct value) agrees with
+    np.partition on the k-th smallest and on how many of the k smallest equal it."""
+    keys = np.array(keys, np.int64)
+    k = data.draw(st.integers(1, keys.size))
+    part = np.partition(keys, k - 1)
+    kth = part[k - 1]
+    assert ek._kth(keys, k) == (int(kth), k - int(np.count_nonzero(part[:k] < kth)))
+
+
+def test_kth_of_many_keys_in_few_buckets():
+    """Most keys in the k-th's bucket (the bucket is then partitioned whole) and keys spread
+    over every bucket."""
+    rng = np.random.default_rng(9)
+    for keys in (np.concatenate([np.full(50_000, 3), rng.integers(0, 2**40, 1_000)]),
+                 rng.integers(-(2**62), 2**62, 200_000)):
+        for k in (1, 777, keys.size // 2, keys.size):
+            part = np.partition(keys, k - 1)
+            assert ek._kth(keys, k) == (int(part[k - 1]), k - int(np.count_nonzero(part[:k] < part[k - 1])))
+
+
 def test_sampled_selection_matches_full_sort():
     rng = np.random.default_rng(3)
     n = 600_000
