@@ -252,10 +252,11 @@ def _select_bucket(keys, k):
     keys in the buckets before it, keys in it). Keys are offset by the lowest one as unsigned
     (exact for any int64 range); parallel chunks, each with its own histogram."""
     n = keys.shape[0]
-    per = (n + _CHUNKS - 1) // _CHUNKS
-    lows = np.empty(_CHUNKS, np.int64)
-    highs = np.empty(_CHUNKS, np.int64)
-    for c in prange(_CHUNKS):
+    chunks = min(_CHUNKS, (n >> 15) + 1)  # a small eviction's few keys: one histogram, not 2 MB of them
+    per = (n + chunks - 1) // chunks
+    lows = np.empty(chunks, np.int64)
+    highs = np.empty(chunks, np.int64)
+    for c in prange(chunks):
         lo = hi = keys[min(c * per, n - 1)]
         for i in range(c * per, min(n, (c + 1) * per)):
             lo = min(lo, keys[i])
@@ -266,8 +267,8 @@ def _select_bucket(keys, k):
     shift = 0
     while (span >> np.uint64(shift)) >= np.uint64(1 << _SELECT_BITS):
         shift += 1
-    counts = np.zeros((_CHUNKS, 1 << _SELECT_BITS), np.int64)
-    for c in prange(_CHUNKS):
+    counts = np.zeros((chunks, 1 << _SELECT_BITS), np.int64)
+    for c in prange(chunks):
         for i in range(c * per, min(n, (c + 1) * per)):
             counts[c, (np.uint64(keys[i]) - np.uint64(low)) >> np.uint64(shift)] += 1
     total = counts.sum(axis=0)
