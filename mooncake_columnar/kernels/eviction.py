@@ -78,19 +78,21 @@ def _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt,
-            seg_readable, more, listing, bound):
+            seg_readable, more, listing, bound, room):
     """:func:`census`, and when ``listing`` the NO_PIN_CANDIDATE rows whose deadline is <= bound
-    with their deadlines, ascending, from the same pass: each chunk writes the rows at its own
-    start of a row-sized buffer, then the chunks are packed and the deadlines gathered. Only the
-    pages written are touched, and every one touched is a page fault of a fresh buffer (several
-    microseconds on a VM), so the buffer holds 4-byte rows only: rows fit 32 bits (the key
-    index's slots hold 32-bit rows). Rows are unsigned: a signed row, which LLVM cannot prove
-    non-negative, takes a wrap-around fix-up at every column access (10% more CPU)."""
+    with their deadlines, ascending, from the same pass: each chunk writes up to ``room`` rows at
+    its own start of a buffer, then the chunks are packed and the deadlines gathered; a chunk
+    that found more lists its rows again from the codes. Every page of a fresh buffer is a fault
+    (about 2 ms per MB on this VM when the host has to back it), and with huge pages a chunk's
+    first row faults 2 MB, so the buffer is sized by the share of rows the sample expects, not
+    by the rows (a row-sized one faulted 40 MB at 10M rows), and holds 4-byte rows: rows fit 32
+    bits (the key index's slots hold 32-bit rows). Rows are unsigned: a signed row, which LLVM
+    cannot prove non-negative, takes a wrap-around fix-up at every column access (10% more CPU)."""
     codes = np.zeros(rows_hw, np.uint8)
     chunk = (rows_hw + _CHUNKS - 1) // _CHUNKS
     skipped = np.zeros(_CHUNKS, np.int64)
     per_code = np.zeros((_CHUNKS, 4), np.int64)
-    found_rows = np.empty(rows_hw if listing else 0, np.uint32)
+    found_rows = np.empty(_CHUNKS * room if listing else 0, np.uint32)
     found = np.zeros(_CHUNKS, np.int64)
     for c in prange(_CHUNKS):
         local_skipped = in_base = no_pin = soft = k = 0
@@ -109,7 +111,8 @@ def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, stat
                 no_pin += 1
                 if listing:
                     if lease[r] <= bound:
-                        found_rows[c * chunk + k] = r
+                        if k < room:
+                            found_rows[c * room + k] = r
                         k += 1
         per_code[c, IN_BASE] = in_base
         per_code[c, NO_PIN_CANDIDATE] = no_pin
@@ -125,10 +128,18 @@ def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, stat
     listed_rows = np.empty(total, np.int64)
     listed_lease = np.empty(total, np.int64)
     for c in prange(_CHUNKS):
-        for i in range(found[c]):
-            r = np.int64(found_rows[c * chunk + i])
-            listed_rows[at[c] + i] = r
-            listed_lease[at[c] + i] = lease[r]
+        if found[c] <= room:
+            for i in range(found[c]):
+                r = np.int64(found_rows[c * room + i])
+                listed_rows[at[c] + i] = r
+                listed_lease[at[c] + i] = lease[r]
+        else:  # more than its room (deadlines that cluster by row): listed again from the codes
+            i = at[c]
+            for r in range(np.uint64(c * chunk), np.uint64(min(rows_hw, (c + 1) * chunk))):
+                if codes[r] == NO_PIN_CANDIDATE and lease[r] <= bound:
+                    listed_rows[i] = r
+                    listed_lease[i] = lease[r]
+                    i += 1
     return codes, per_code.sum(axis=0), skipped.sum(), listed_rows, listed_lease
 
 
@@ -140,16 +151,19 @@ def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, statu
     kept out only by readability: the RFC guard's skips). Candidates stay codes: listing 10M
     rows would cost more than the rest of a cycle."""
     return _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
-                   refcnt, seg_readable, more, False, 0)[:3]
+                   refcnt, seg_readable, more, False, 0, 0)[:3]
 
 
 def census_listing(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
-                   refcnt, seg_readable, more, bound):
+                   refcnt, seg_readable, more, bound, share=1.0):
     """:func:`census` plus ``Listed``: the NO_PIN_CANDIDATE rows whose deadline is <= ``bound``
-    (ascending) and their deadlines, found in the same pass."""
+    (ascending) and their deadlines, found in the same pass. ``share``: the part of all rows
+    expected to be listed (:class:`ListingBound`); it sizes the pass's buffer, not the result."""
+    chunk = (rows_hw + _CHUNKS - 1) // _CHUNKS
+    room = min(chunk, int(2 * share * chunk) + 1024)
     codes, counts, skipped, rows, deadlines = _census(now, rows_hw, tenant, only_tenant, flags, lease,
                                                       soft_deadline, status, kind, segment, refcnt,
-                                                      seg_readable, more, True, bound)
+                                                      seg_readable, more, True, bound, room)
     return codes, counts, skipped, Listed(rows, deadlines)
 
 
@@ -343,8 +357,16 @@ def _before(rows, keys, kth, ties):
     return out[:n]
 
 
+class ListingBound(NamedTuple):
+    """:func:`listing_bound`'s answer: the deadline, and the share of all rows that the sample
+    puts at or below it as NO_PIN_CANDIDATE (what :func:`census_listing` will probably list)."""
+
+    deadline: int
+    share: float
+
+
 def listing_bound(ratio: float, now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind,
-                  segment, refcnt, seg_readable, more) -> int | None:
+                  segment, refcnt, seg_readable, more) -> ListingBound | None:
     """A deadline that probably has a little more than the first pass's ``ratio`` of the base at
     or below it, judged by the census of a strided sample, for :func:`census_listing` (same
     arguments as :func:`census`); None when that pass takes most candidates anyway (listing them
@@ -354,7 +376,10 @@ def listing_bound(ratio: float, now, rows_hw, tenant, only_tenant, flags, lease,
     want = ratio * int(counts[IN_BASE] + counts[NO_PIN_CANDIDATE] + counts[SOFT_PINNED_CANDIDATE])
     if not 0 < want < deadlines.size // 4:
         return None
-    return _bound(deadlines, math.ceil(want), deadlines.size)
+    bound = _bound(deadlines, math.ceil(want), deadlines.size)
+    if bound is None:
+        return None
+    return ListingBound(bound, int(np.count_nonzero(deadlines <= bound)) / max(1, int(counts.sum())))
 
 
 def _listed_here(codes: np.ndarray, code: int, count: int, lease: np.ndarray, k: int) -> Listed:

@@ -116,7 +116,7 @@ class _Planner:
         if bound is None:
             self.codes, self.counts, skipped = ek.census(*columns)
         else:
-            self.codes, self.counts, skipped, self.listed = ek.census_listing(*columns, bound)
+            self.codes, self.counts, skipped, self.listed = ek.census_listing(*columns, *bound)
         self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
                         + self.counts[ek.SOFT_PINNED_CANDIDATE])

@@ -184,6 +184,24 @@ def test_sampled_selection_matches_full_sort():
         assert np.array_equal(ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, rows.size, lease, k), np.sort(expect))
 
 
+def test_census_listing_sized_too_small_lists_the_overflowing_chunks_again():
+    """Deadlines that cluster by row (old rows, old leases) overflow a chunk's room in the
+    listing buffer (sized by the sample's share): those chunks are listed again from the codes,
+    and the listing is the same as with room for every row."""
+    n = 70_000  # chunks of 1094 rows: more than the smallest room (1024)
+    lease = np.where(np.arange(n) < n // 2, -5, -1).astype(np.int64)
+    lease[::7] = 3  # some rows live: not candidates
+    flags = np.full(n, FLAG_LIVE, np.uint8)
+    columns = (0, n, np.zeros(n, np.int32), -1, flags, lease, soft_pins_of(np.zeros(0, np.int64)).parts(),
+               np.full((n, 1), ST_COMPLETE, np.uint8), np.full((n, 1), KIND_MEMORY, np.uint8),
+               np.zeros((n, 1), np.int32), np.zeros((n, 1), np.uint16), np.ones(1, np.bool_), np.empty(0, np.int32))
+    _, _, _, roomy = ek.census_listing(*columns, -5)
+    codes, _, _, tight = ek.census_listing(*columns, -5, 0.0)
+    expect = [r for r in range(n // 2) if r % 7]
+    assert roomy.rows.tolist() == tight.rows.tolist() == expect
+    assert np.array_equal(tight.deadlines, lease[tight.rows])
+
+
 def test_listing_bound_of_a_sample_covers_the_first_pass_and_a_short_listing_is_passed_over():
     rng = np.random.default_rng(5)
     n = 200_000
@@ -199,7 +217,8 @@ def test_listing_bound_of_a_sample_covers_the_first_pass_and_a_short_listing_is_
     expect = np.sort(np.lexsort((np.arange(n), lease))[:k])
     bound = ek.listing_bound(0.05, *columns)
     assert bound is not None
-    codes, _, _, listed = ek.census_listing(*columns, bound)
+    assert 0.05 <= bound.share < 0.1  # the sample's share of rows at or below it
+    codes, _, _, listed = ek.census_listing(*columns, *bound)
     assert k <= listed.rows.size < n // 10  # a little more than the pass takes, not every candidate
     assert np.array_equal(ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, n, lease, k, listed), expect)
     short = ek.Listed(listed.rows[: k - 1], listed.deadlines[: k - 1])
