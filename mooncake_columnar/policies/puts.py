@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import compile_helper
 from ..clock import NS_PER_MS
 from ..config import MAX_TTL_MS, MasterConfig
 from ..errors import ErrorCode, InvalidParams
@@ -100,7 +101,12 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
         return codes, rows_out
     width = replica_width(s, config.replica_num, offsets, data, picks, tenant)
     preferred = np.array([s.segments.code(name) for name in config.preferred_segments], np.int64)
-    new = s.insert_puts(picks, offsets, data, tenant, sizes, width, preferred, codes, rows_out)
+    helper = compile_helper.start_for_first_put()  # None but in a fresh process on an empty Numba cache
+    try:
+        new = s.insert_puts(picks, offsets, data, tenant, sizes, width, preferred, codes, rows_out)
+    finally:
+        if helper is not None:
+            helper.wait()
     o.client[new] = client_code
     slots = s.inflight.take(new)
     s.inflight.started(slots, now_ms)

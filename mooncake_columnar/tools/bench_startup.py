@@ -53,13 +53,16 @@ _FIRST_CALL = textwrap.dedent("""
     m = mc.MasterService(mc.MasterConfig())
     m.mount_segment("seg", endpoint="10.0.0.1:17777", client_id="client-0", base=1 << 40, size=1 << 26)
     m.put_start("key", 4096, client_id="client-0")
+    after_put = set(compiled)
     m.put_end("key", client_id="client-0")
     assert m.get_replica_list("key")
     t2 = time.perf_counter()
     use = resource.getrusage(resource.RUSAGE_SELF)
+    from mooncake_columnar.compile_helper import last_run as helper
     print(json.dumps({"import": t1 - t0, "first_call": t2 - t0, "cpu": use.ru_utime + use.ru_stime,
                       "kernels": compiled, "kernels_cpu": compiled_cpu, "specialisations": specialisations,
-                      "at_import": at_import}))
+                      "at_import": at_import, "after_put": sorted(set(compiled) - after_put),
+                      "helper": [helper.outcome, helper.waited_s, helper.helper_s, helper.helper_cpu_s]}))
 """)
 
 _FLOOR = textwrap.dedent("""
@@ -123,6 +126,12 @@ def first_call_figures(tmp: Path, advance: Callable[[int], None] = lambda n: Non
         "most_specialisations_of_one_kernel": max(n for name, n in empty["specialisations"].items()
                                                   if name.startswith("mooncake_columnar.")),
         "kernels_compiled_filled_cache": len(filled["kernels"]),
+        "kernels_compiled_after_the_put_empty_cache": empty["after_put"],
+        "compile_helper_outcome_empty_cache": empty["helper"][0],
+        "compile_helper_seconds_empty_cache": empty["helper"][2],
+        "compile_helper_cpu_seconds_empty_cache": empty["helper"][3],
+        "compile_helper_waited_seconds_empty_cache": empty["helper"][1],
+        "compile_helper_outcome_filled_cache": filled["helper"][0],
         "compile_seconds_by_kernel_empty_cache": _by_kernel(empty["kernels"]),
         "compile_cpu_seconds_by_kernel_empty_cache": _by_kernel(empty["kernels_cpu"]),
     }

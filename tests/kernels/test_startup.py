@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mooncake_columnar.compile_helper import why_not
 from mooncake_columnar.tools.bench_startup import first_call_figures
 
 pytestmark = pytest.mark.timeout(600)  # three fresh processes, one compiling: ~10 s alone, minutes on a busy host
@@ -13,6 +14,9 @@ pytestmark = pytest.mark.timeout(600)  # three fresh processes, one compiling: ~
 FIRST_CALL_MODULES = {"mooncake_columnar.kernels.allocation", "mooncake_columnar.kernels.objects",
                       "mooncake_columnar.kernels.hashing", "mooncake_columnar.kernels.slot_index",
                       "mooncake_columnar.kernels.reads", "mooncake_columnar.kernels.read_columns"}
+
+PUT_MODULES = {"mooncake_columnar.kernels.allocation", "mooncake_columnar.kernels.objects",
+               "mooncake_columnar.kernels.hashing", "mooncake_columnar.kernels.slot_index"}
 
 
 def test_first_put_and_get_compile_only_their_kernels_and_a_filled_cache_compiles_none(tmp_path):
@@ -33,3 +37,19 @@ def test_first_put_and_get_compile_only_their_kernels_and_a_filled_cache_compile
     assert sum(cpu.values()) <= figures["first_call_cpu_seconds_empty_cache"]
     assert figures["kernels_compiled_filled_cache"] == 0
     assert figures["first_call_seconds_filled_cache"] < figures["first_call_seconds_empty_cache"]
+
+
+def test_first_call_compiles_put_end_and_get_kernels_in_a_helper_while_the_put_compiles(tmp_path):
+    if why_not() in ("no fork on this platform", "one CPU"):
+        pytest.skip(why_not())
+    figures = first_call_figures(tmp_path)
+
+    # the helper compiled put_end's and the get's kernels into the cache: after the put, this
+    # process compiled nothing (it loaded them), and it compiled only the put's modules
+    assert figures["compile_helper_outcome_empty_cache"] == "done", figures
+    assert figures["kernels_compiled_after_the_put_empty_cache"] == [], figures
+    compiled = figures["compile_seconds_by_kernel_empty_cache"]
+    assert {name.rsplit(".", 1)[0] for name in compiled} <= PUT_MODULES, compiled
+    assert figures["compile_helper_cpu_seconds_empty_cache"] > 0
+    # a filled cache forks no helper
+    assert figures["compile_helper_outcome_filled_cache"] == "not run: get kernel compiled or cached"
