@@ -41,6 +41,7 @@ _SCRIPT = textwrap.dedent("""
         "cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
         "hits": sum(sum(k.stats.cache_hits.values()) for k in kernels),
         "misses": sum(sum(k.stats.cache_misses.values()) for k in kernels),
+        "helper": mc.compile_helper.last_run.outcome,
     }))
 """)
 
@@ -90,7 +91,8 @@ def test_read_only_package_caches_kernels_in_the_user_cache_directory(read_only_
     assert first["package"] == str(read_only_package / "mooncake_columnar") and not first["package_writable"]
     assert first["cache_dir"] == str(tmp_path / "cache" / "mooncake-columnar" / "numba")
     assert index and not list(read_only_package.rglob("*.nbi"))
-    assert first["misses"] > 0 and first["hits"] == 0, first
+    # the first process compiles; what it loads is only what its compile helper cached for it
+    assert first["misses"] > 0 and (first["hits"] == 0 or first["helper"] == "done"), first
     # the second process loads every kernel it runs from the cache: nothing compiled, no index rewritten
     assert second["hits"] > 0 and second["misses"] == 0, second
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "cache").rglob("*.nbi")} == index
