@@ -9,9 +9,10 @@ very kernels, with the very signatures, this process's own put_end and get take 
 code builds their arguments), and Numba writes them to the cache. The put waits for the helper
 before it returns; the later calls load the kernels (milliseconds).
 
-Only where it can help: ``fork`` exists, the process may run on two CPUs or more, the JIT is on,
-the cache is on disk, the get kernel is neither compiled in this process nor in the cache, and
-once per process. The fork happens under Numba's compiler lock (no other thread is half way
+Only where it can help: ``fork`` exists, the process may run on two CPUs or more, the JIT is
+on, the cache is on disk, the get kernel is neither compiled in this process nor in the cache,
+and once per process; ``MOONCAKE_COLUMNAR_COMPILE_HELPER=0`` turns it off (a process that must
+not fork). The fork happens under Numba's compiler lock (no other thread is half way
 through a compile the helper would wait on; the lock is re-entrant, so the helper, whose one
 thread is the forking one, takes it again). The helper runs no inherited thread and no parallel
 kernel, writes nothing to the parent's output, and leaves with ``os._exit``. One that fails or
@@ -37,6 +38,7 @@ from numba.core.compiler_lock import global_compiler_lock
 from .kernels import reads
 
 FORK_AVAILABLE = hasattr(os, "fork") and hasattr(os, "wait4")
+OFF_SWITCH = "MOONCAKE_COLUMNAR_COMPILE_HELPER"  # "0": never fork one (e.g. a process that must not fork)
 MIN_WAIT_S = 2.0
 WAIT_FACTOR = 2.0
 
@@ -137,6 +139,8 @@ def why_not() -> str | None:
     """Why no helper would be forked now (None: one would)."""
     if _tried:
         return "once per process"
+    if os.environ.get(OFF_SWITCH) == "0":
+        return f"turned off ({OFF_SWITCH}=0)"
     if not FORK_AVAILABLE:
         return "no fork on this platform"
     if getattr(numba.config, "DISABLE_JIT", False):

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import allocation as ak
+from mooncake_columnar.store.free_extents import FreeExtents
 from mooncake_columnar.store.segments import Segment, SegmentTable
 
 pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
@@ -73,3 +74,26 @@ def test_a_region_that_outgrows_its_room_keeps_every_segments_free_list():
         table.free(1, int(o), 64)
     assert _free_list(table, 1) == [(int(o), 64) for o in offs[one]] + [(64 * 20, (1 << 20) - 64 * 20)]
     assert _free_list(table, 0)[0] == (0, 64)
+
+
+def test_regions_that_all_grow_again_and_again_keep_their_extents_and_the_pool_stays_small():
+    """Every segment's free list grows at each eviction of random objects: each growth keeps
+    every region's extents, and the pool never holds much more than the rooms (a new pool
+    drops the space that moved regions left behind)."""
+    ext = FreeExtents(4)
+    want: list[list[int]] = [[] for _ in range(4)]
+    for step in range(12):
+        grow = np.array([3, 50, 0, 7]) * (step + 1) ** 2
+        ext.make_room(ext.count + grow)
+        for c in range(4):
+            b, n = int(ext.base[c]), int(ext.count[c])
+            new = list(range(len(want[c]), len(want[c]) + int(grow[c])))
+            ext.start[b + n:b + n + len(new)] = new
+            ext.length[b + n:b + n + len(new)] = [v + c for v in new]
+            ext.count[c] += len(new)
+            want[c] += new
+        for c in range(4):
+            starts, lengths = ext.of(c)
+            assert starts.tolist() == want[c] and lengths.tolist() == [v + c for v in want[c]]
+        assert (ext.room >= ext.count).all() and (ext.room <= np.maximum(2 * ext.count, 8) + 2 * grow).all()
+        assert ext.start.size <= 1.5 * ext.room.sum() + 1, (step, ext.start.size, ext.room.sum())

@@ -65,3 +65,11 @@ def test_no_helper_once_the_get_kernel_is_compiled_or_after_the_first_put(master
     assert compile_helper.why_not() in ("get kernel compiled or cached", "JIT disabled")
     assert compile_helper.start_for_first_put() is None
     assert compile_helper.why_not() == "once per process"
+
+
+def test_the_off_switch_forks_no_helper(monkeypatch):
+    monkeypatch.setattr(compile_helper, "_tried", False)
+    monkeypatch.setenv(compile_helper.OFF_SWITCH, "0")
+    assert compile_helper.why_not() == "turned off (MOONCAKE_COLUMNAR_COMPILE_HELPER=0)"
+    assert compile_helper.start_for_first_put() is None
+    assert compile_helper.last_run.outcome == "not run: turned off (MOONCAKE_COLUMNAR_COMPILE_HELPER=0)"
