@@ -113,10 +113,11 @@ class _Planner:
                    m.store.segments.readable, o.replica_more)
         bound = None if first_ratio is None else ek.listing_bound(first_ratio, *columns)
         self.listed: ek.Listed | None = None
+        codes = m.store.scratch.array("census codes", o.high_water, np.uint8)  # used up within the cycle
         if bound is None:
-            self.codes, self.counts, skipped = ek.census(*columns)
+            self.codes, self.counts, skipped = ek.census(*columns, out=codes)
         else:
-            self.codes, self.counts, skipped, self.listed = ek.census_listing(*columns, *bound)
+            self.codes, self.counts, skipped, self.listed = ek.census_listing(*columns, *bound, out=codes)
         self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
                         + self.counts[ek.SOFT_PINNED_CANDIDATE])

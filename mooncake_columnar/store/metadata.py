@@ -24,6 +24,7 @@ from .keys import KeyIndex
 from .ledger import TenantLedger
 from .objects import ObjectTable
 from .offloads import OffloadQueue
+from .scratch import Scratch
 from .segments import SegmentTable
 from .strings import StringDictionary
 
@@ -55,6 +56,7 @@ class MetadataStore:
         self.ledger_on = ledger_on
         self.offloads = OffloadQueue(offload_limit)
         self.discarded = DiscardedExtents()
+        self.scratch = Scratch()                   # per-call buffers kept between calls (eviction)
 
     # ---- lookups ------------------------------------------------------------------------------
     def lookup(self, offsets: np.ndarray, data: np.ndarray, tenant_id: str) -> np.ndarray:
