@@ -98,9 +98,14 @@ def fork_helper(body: Callable[[], None]) -> Helper:
     """Fork a helper that runs ``body()`` and exits (status 0 when it returned, 1 when it raised);
     its standard output and error go to /dev/null."""
     done_read, done_write = os.pipe()
-    with global_compiler_lock, warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork in a threaded process
-        pid = os.fork()
+    try:
+        with global_compiler_lock, warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork in a threaded process
+            pid = os.fork()
+    except OSError:
+        os.close(done_read)
+        os.close(done_write)
+        raise
     if pid == 0:  # the helper: never returns (done_write closes as it exits)
         code = 1
         try:
@@ -164,7 +169,11 @@ def start_for_first_put() -> Helper | None:
     if reason is not None:
         _record(HelperRun(f"not run: {reason}"))
         return None
-    return fork_helper(_compile_put_end_and_get)
+    try:
+        return fork_helper(_compile_put_end_and_get)
+    except OSError as e:  # no process or descriptor to spare: the put compiles alone, as without it
+        _record(HelperRun(f"not run: fork failed ({e})"))
+        return None
 
 
 def _compile_put_end_and_get() -> None:

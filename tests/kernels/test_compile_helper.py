@@ -73,3 +73,17 @@ def test_the_off_switch_forks_no_helper(monkeypatch):
     assert compile_helper.why_not() == "turned off (MOONCAKE_COLUMNAR_COMPILE_HELPER=0)"
     assert compile_helper.start_for_first_put() is None
     assert compile_helper.last_run.outcome == "not run: turned off (MOONCAKE_COLUMNAR_COMPILE_HELPER=0)"
+
+
+def test_a_fork_that_fails_leaves_the_put_to_compile_alone(monkeypatch):
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(compile_helper, "_tried", False)
+    monkeypatch.setattr(compile_helper, "why_not", lambda: None)
+    monkeypatch.setattr(os, "fork", no_fork)
+    open_before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+    assert compile_helper.start_for_first_put() is None
+    assert compile_helper.last_run.outcome.startswith("not run: fork failed"), compile_helper.last_run
+    if open_before:
+        assert len(os.listdir("/proc/self/fd")) == open_before  # the pipe closed again
