@@ -172,7 +172,7 @@ def start_for_first_put() -> Helper | None:
     try:
         return fork_helper(_compile_put_end_and_get)
     except OSError as e:  # no process or descriptor to spare: the put compiles alone, as without it
-        _record(HelperRun(f"not run: fork failed ({e})"))
+        _record(HelperRun(f"not run: could not start it ({e})"))
         return None
 
 
