@@ -382,29 +382,36 @@ def _frees_extent(r, j, allocatable, rep_kind, rep_seg):
 @njit(cache=True, nogil=True, parallel=True)
 def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off, unit_bits):
     """Clear replica slots (rows[i], slots[i]); returns the memory extents they held on
-    allocatable segments as (segment, byte offset, size) for one merged free, and the bytes dropped.
-    Parallel: chunks count their extents, then fill their share of the output in input order."""
+    allocatable segments as (segment, byte offset, size) grouped by segment, in input order within
+    one (what a merged free takes), whether their offsets ascend within every segment, and the
+    bytes dropped. Parallel: chunks count their extents per segment, then fill their share of
+    each segment's part. Grouping here saves the free a serial pass over the extents and their
+    copies (0.06-0.1 s of an eviction of 5M objects)."""
     n = rows.shape[0]
-    chunks = 64
+    nseg = allocatable.shape[0]
+    chunks = 64 if n >= BATCH_MIN else 1  # (a few slots: no per-chunk tables of every segment)
     step = (n + chunks - 1) // chunks
-    start = np.zeros(chunks + 1, np.int64)
+    at = np.zeros((chunks, nseg), np.int64)
     for c in prange(chunks):
-        k = 0
         end = min(n, (c + 1) * step)
         for i in range(c * step, end):
             if i + ROWS_AHEAD < end:  # sparse rows: their misses overlap only when started early
                 prefetch(rep_kind, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
                 prefetch(rep_seg, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
-            k += _frees_extent(rows[i], slots[i], allocatable, rep_kind, rep_seg)
-        start[c + 1] = k
-    for c in range(chunks):
-        start[c + 1] += start[c]
-    segs = np.empty(start[chunks], np.int64)
-    offs = np.empty(start[chunks], np.int64)
-    lens = np.empty(start[chunks], np.int64)
+            if _frees_extent(rows[i], slots[i], allocatable, rep_kind, rep_seg):
+                at[c, rep_seg[rows[i], slots[i]]] += 1
+    total = 0
+    for g in range(nseg):  # segment by segment, chunk by chunk: each (chunk, segment)'s first position
+        for c in range(chunks):
+            total, at[c, g] = total + at[c, g], total
+    segs = np.empty(total, np.int64)
+    offs = np.empty(total, np.int64)
+    lens = np.empty(total, np.int64)
+    first = np.full((chunks, nseg), -1, np.int64)  # each (chunk, segment)'s first and last offsets
+    last = np.full((chunks, nseg), -1, np.int64)
+    ascending = np.ones(chunks, np.bool_)
     dropped = np.zeros(chunks, np.int64)
     for c in prange(chunks):
-        k = start[c]
         end = min(n, (c + 1) * step)
         for i in range(c * step, end):
             if i + ROWS_AHEAD < end:
@@ -413,15 +420,29 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
                 prefetch(rep_status, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
             r, j = rows[i], slots[i]
             if _frees_extent(r, j, allocatable, rep_kind, rep_seg):
-                s = rep_seg[r, j]
-                segs[k] = s
-                offs[k] = np.int64(rep_off[r, j]) << unit_bits[s]  # a memory replica's: in units
+                g = rep_seg[r, j]
+                off = np.int64(rep_off[r, j]) << unit_bits[g]  # a memory replica's: in units
+                k = at[c, g]
+                segs[k] = g
+                offs[k] = off
                 lens[k] = sizes[r]
-                k += 1
+                at[c, g] = k + 1
+                if first[c, g] < 0:
+                    first[c, g] = off
+                elif off <= last[c, g]:
+                    ascending[c] = False
+                last[c, g] = off
             dropped[c] += sizes[r]
             rep_status[r, j] = _ST_EMPTY
             rep_seg[r, j] = -1
-    return segs, offs, lens, dropped.sum()
+    ordered = ascending.all()
+    for g in range(nseg):  # and across the chunks' parts of each segment
+        previous = np.int64(-1)
+        for c in range(chunks):
+            if first[c, g] >= 0:
+                ordered &= first[c, g] > previous
+                previous = last[c, g]
+    return segs, offs, lens, ordered, dropped.sum()
 
 
 _clear_slots_serial = variant(_clear_slots_parallel, "_serial")

@@ -117,12 +117,20 @@ class FreeExtents(ArrayEpoch):
         small = segs.size < BATCH_MIN  # one remove: keep the GIL (see :mod:`..kernels.dispatch`)
         by_seg, offs, lens, ascending = (ak.by_segment_small if small else ak.by_segment)(segs, offsets, sizes,
                                                                                           used.shape[0])
+        return self.free_grouped(by_seg, offs, lens, ascending, used, unit_bits, capacity)
+
+    def free_grouped(self, segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, ascending: bool,
+                     used: np.ndarray, unit_bits: np.ndarray, capacity: np.ndarray) -> int:
+        """:meth:`free_many` of int64 extents already grouped by segment (as a slot clear returns
+        them), sorted by offset within each segment when ``ascending``."""
+        if segs.size == 0:
+            return 0
         if not ascending:
             order = ak.order_by_segment_offset(segs, offsets)
-            by_seg, offs, lens = segs[order], offsets[order], sizes[order]
-        if by_seg.size == 1:  # one remove: a scalar check
-            self.room_for(int(by_seg[0]), int(self.count[by_seg[0]]) + 1)
+            segs, offsets, sizes = segs[order], offsets[order], sizes[order]
+        if segs.size == 1:  # one remove: a scalar check
+            self.room_for(int(segs[0]), int(self.count[segs[0]]) + 1)
         else:
-            self.make_room(self.count[:used.shape[0]] + np.bincount(by_seg, minlength=used.shape[0]))
-        free_sorted = ak.free_sorted_small if small else ak.free_sorted
-        return int(free_sorted(by_seg, offs, lens, *self.arrays(), used, unit_bits, capacity))
+            self.make_room(self.count[:used.shape[0]] + np.bincount(segs, minlength=used.shape[0]))
+        free_sorted = ak.free_sorted_small if segs.size < BATCH_MIN else ak.free_sorted
+        return int(free_sorted(segs, offsets, sizes, *self.arrays(), used, unit_bits, capacity))

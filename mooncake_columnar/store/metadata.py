@@ -183,10 +183,10 @@ class MetadataStore:
     def clear_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
         """Clear replica slots and free their memory extents in one merged pass; returns bytes."""
         o, seg = self.objects, self.segments
-        segs, offs, lens, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes, o.replica_status,
-                                                   o.replica_kind, o.replica_segment, o.replica_offset,
-                                                   seg.unit_bits)
-        seg.extents.free_many(segs, offs, lens, seg.used, seg.unit_bits, seg.capacity)
+        segs, offs, lens, ascending, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes,
+                                                             o.replica_status, o.replica_kind, o.replica_segment,
+                                                             o.replica_offset, seg.unit_bits)
+        seg.extents.free_grouped(segs, offs, lens, bool(ascending), seg.used, seg.unit_bits, seg.capacity)
         return int(dropped)
 
     def drop_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
