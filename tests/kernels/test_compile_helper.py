@@ -3,6 +3,7 @@ bounded wait, never its result (the put then compiles what it needs itself)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -41,7 +42,7 @@ def test_a_helper_that_raises_is_reported_failed_and_reaped():
 
 def test_a_hung_helper_is_killed_after_its_budget(monkeypatch):
     monkeypatch.setattr(compile_helper, "MIN_WAIT_S", 0.2)
-    helper = fork_helper(lambda: time.sleep(600))
+    helper = fork_helper(signal.pause)  # hangs: no signal comes until the kill
     t0 = time.perf_counter()
     run = helper.wait()
     assert run.outcome == "killed after 0.2 s"
