@@ -113,11 +113,16 @@ class _Planner:
                    m.store.segments.readable, o.replica_more)
         bound = None if first_ratio is None else ek.listing_bound(first_ratio, *columns)
         self.listed: ek.Listed | None = None
-        codes = m.store.scratch.array("census codes", o.high_water, np.uint8)  # used up within the cycle
+        scratch = m.store.scratch  # buffers used up within the cycle
+        codes = scratch.array("census codes", o.high_water, np.uint8)
         if bound is None:
             self.codes, self.counts, skipped = ek.census(*columns, out=codes)
         else:
-            self.codes, self.counts, skipped, self.listed = ek.census_listing(*columns, *bound, out=codes)
+            entries = ek.listing_entries(o.high_water, bound.share)
+            listing = (scratch.array("census listed rows", entries, np.uint32),
+                       scratch.array("census listed deadlines", entries, np.int64))
+            self.codes, self.counts, skipped, self.listed = ek.census_listing(*columns, *bound, out=codes,
+                                                                              listing_out=listing)
         self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
                         + self.counts[ek.SOFT_PINNED_CANDIDATE])

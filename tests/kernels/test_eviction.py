@@ -99,6 +99,13 @@ def test_census_listing_lists_the_candidates_at_or_below_the_bound_in_the_same_p
     nopin = ek.rows_coded(codes, ek.NO_PIN_CANDIDATE, lease, None)
     assert listed.rows.tolist() == [r for r in nopin.tolist() if lease[r] <= bound]
     assert np.array_equal(listed.deadlines, lease[listed.rows])
+    # into kept listing buffers holding a previous cycle's entries: the same listing, viewing them
+    entries = ek.listing_entries(n, 1.0)
+    kept_rows, kept_deadlines = np.full(entries + 3, 7, np.uint32), np.full(entries + 3, -9, np.int64)
+    again = ek.census_listing(*columns, bound, out=kept, listing_out=(kept_rows, kept_deadlines))[3]
+    assert again.rows.tolist() == listed.rows.tolist() and again.deadlines.tolist() == listed.deadlines.tolist()
+    assert np.shares_memory(again.rows, kept_rows) or again.rows.size == 0
+    assert np.shares_memory(again.deadlines, kept_deadlines) or again.rows.size == 0
     # the earliest k, whether the listing holds them all or (too few listed) is passed over
     expect = sorted(sorted(nopin.tolist(), key=lambda r: (lease[r], r))[:k])
     assert ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, nopin.size, lease, k, listed).tolist() == expect
@@ -199,9 +206,13 @@ def test_census_listing_sized_too_small_lists_the_overflowing_chunks_again():
                np.zeros((n, 1), np.int32), np.zeros((n, 1), np.uint16), np.ones(1, np.bool_), np.empty(0, np.int32))
     _, _, _, roomy = ek.census_listing(*columns, -5)
     codes, _, _, tight = ek.census_listing(*columns, -5, 0.0)
+    entries = ek.listing_entries(n, 0.0)
+    kept = (np.zeros(entries, np.uint32), np.zeros(entries, np.int64))
+    _, _, _, tight_kept = ek.census_listing(*columns, -5, 0.0, listing_out=kept)
     expect = [r for r in range(n // 2) if r % 7]
-    assert roomy.rows.tolist() == tight.rows.tolist() == expect
+    assert roomy.rows.tolist() == tight.rows.tolist() == tight_kept.rows.tolist() == expect
     assert np.array_equal(tight.deadlines, lease[tight.rows])
+    assert np.array_equal(tight_kept.deadlines, lease[tight_kept.rows])
 
 
 def test_listing_bound_of_a_sample_covers_the_first_pass_and_a_short_listing_is_passed_over():

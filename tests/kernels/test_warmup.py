@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 import numba
+import numpy as np
 
 from mooncake_columnar.warmup import warm_up_kernels
 
@@ -25,6 +26,30 @@ def test_after_warmup_a_failover_with_remounts_compiles_no_kernel(capsys):
     compiled = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     assert not compiled, f"compiled on the serving path after warmup: {compiled}"
     assert "visible" in capsys.readouterr().out
+
+
+def test_after_warmup_an_eviction_at_the_default_ratio_compiles_no_kernel():
+    """The usual cycle (5% of a large master) lists its earliest candidates in the census, whose
+    rows are uint32: the kernels that take them were compiled by the warm-up."""
+    from mooncake_columnar.clock import ManualClocks
+    from mooncake_columnar.config import MasterConfig
+    from mooncake_columnar.kernels import eviction as ek
+    from mooncake_columnar.tools.synthetic import build_master
+    warm_up_kernels()
+    clocks = ManualClocks()
+    m = build_master(40_000, clocks=clocks)
+    clocks.advance(s=3_600)
+    o = m.objects
+    o.lease_deadline_ns[: o.high_water] -= np.random.default_rng(4).integers(0, 10**12, o.high_water)
+    ratio = MasterConfig().eviction_ratio
+    assert ek.listing_bound(ratio, clocks.steady_ns(), o.high_water, o.tenant, -1, o.flags, o.lease_deadline_ns,
+                            m.store.soft_pins.parts(), o.replica_status, o.replica_kind, o.replica_segment,
+                            o.replica_refcnt, m.store.segments.readable, o.replica_more) is not None
+    before = _compiled_signatures()
+    assert m.evict(target=ratio).evicted_objects == 2_000
+    after = _compiled_signatures()
+    compiled = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert not compiled, f"compiled by the eviction after warmup: {compiled}"
 
 
 def test_warmup_runs_once_per_process():
