@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import allocation as ak
+from mooncake_columnar.kernels.dispatch import BATCH_MIN
 from mooncake_columnar.store.free_extents import FreeExtents
 from mooncake_columnar.store.segments import Segment, SegmentTable
 
@@ -56,6 +57,27 @@ def test_double_free_is_rejected_not_merged():
     again = np.array([0, 0], np.int64)
     bad = table.extents.free_many(segs[again], offs[again], lens[again], table.used, table.unit_bits, table.capacity)
     assert bad == 2 and table.used[0] == 300
+
+
+def test_a_batch_merges_its_segments_in_parallel_and_rejects_only_the_segment_that_overlaps():
+    """A batch (the parallel merge, one segment per thread) frees exactly what freeing each
+    segment's share alone does; a double free in one segment rejects that segment's share
+    whole and leaves the others merged."""
+    table, segs, offs, lens = _allocated([64] * 15_000, 3)
+    picks = np.arange(0, segs.size, 2)
+    again = picks[segs[picks] == 1][:5]  # five of segment 1's extents named twice
+    batch = np.concatenate((picks, again))
+    assert batch.size >= BATCH_MIN
+    bad = table.extents.free_many(segs[batch], offs[batch], lens[batch], table.used, table.unit_bits, table.capacity)
+    assert bad == int(np.count_nonzero(segs[batch] == 1))
+    alone, *_ = _allocated([64] * 15_000, 3)
+    for s in (0, 2):
+        share = picks[segs[picks] == s]
+        assert share.size < BATCH_MIN  # the serial variant
+        assert alone.extents.free_many(segs[share], offs[share], lens[share], alone.used, alone.unit_bits,
+                                       alone.capacity) == 0
+    assert [_free_list(table, s) for s in range(3)] == [_free_list(alone, s) for s in range(3)]
+    assert table.used[:3].tolist() == alone.used[:3].tolist()
 
 
 def test_a_region_that_outgrows_its_room_keeps_every_segments_free_list():
