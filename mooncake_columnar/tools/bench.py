@@ -23,7 +23,7 @@ from .bench_oplog import bench_oplog
 from .bench_endtoend import bench_endtoend
 from .bench_snapshot import bench_snapshot
 from .bench_startup import bench_startup
-from .memory_floor import gather_keys_per_s
+from .memory_floor import eviction_read_seconds, gather_keys_per_s
 from .synthetic import KEY_BYTES, build_master, peak_rss_bytes, promoted_master, synthetic_keys
 
 SINGLE_GET_ROUNDS = 5  # rounds of the single-get keys in bench core (each beside its floor)
@@ -401,7 +401,10 @@ def bench_core(objects: int, *, segments: int = 4, replicas: int = 1, batch: int
 def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: float = 0.05,
                 show_progress: bool = False) -> dict:
     """One BatchEvict cycle of ``ratio`` over N expired objects with seeded random lease deadlines,
-    and its three parts (census, plan, apply), each also as a ratio to the lease-column copy."""
+    and its three parts (census, plan, apply), each also as a ratio to the lease-column copy;
+    then the next cycle on the same master (a master evicting periodically: the cycle's buffers
+    are kept, the memory it frees is the system's again), and the read floor of a cycle (see
+    :mod:`.memory_floor`) measured on the same master."""
     # JIT warm-up, big enough for every path a large cycle takes (bulk index deletes are parallel)
     build_master(100_000, segments=segments, replicas=replicas).evict(target=max(ratio, 0.05))
     clocks = ManualClocks()
@@ -415,6 +418,10 @@ def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: fl
     t0 = time.perf_counter()
     report = m.evict(target=ratio)
     evict_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    following = m.evict(target=ratio)
+    next_s = time.perf_counter() - t0
+    floor_s = eviction_read_seconds(m)
     return {
         "area": "evict",
         "objects": objects,
@@ -432,6 +439,14 @@ def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: fl
         "census_ratio_to_baseline": report.census_s / copy_s,
         "plan_ratio_to_baseline": report.plan_s / copy_s,
         "apply_ratio_to_baseline": report.apply_s / copy_s,
+        "next_cycle_evicted_objects": following.evicted_objects,
+        "next_cycle_evict_seconds": next_s,
+        "next_cycle_census_seconds": following.census_s,
+        "next_cycle_plan_seconds": following.plan_s,
+        "next_cycle_apply_seconds": following.apply_s,
+        "floor_read_seconds": floor_s,
+        "ratio_to_floor": evict_s / floor_s,
+        "next_cycle_ratio_to_floor": next_s / floor_s,
         "peak_rss_bytes": peak_rss_bytes(),
     }
 

@@ -1,4 +1,6 @@
-"""The memory floor under a batch get, for `bench core`: this machine's rate of random reads.
+"""Memory floors, for `bench core` and `bench evict`: what this machine's memory allows.
+
+**Batch get** (:func:`gather_keys_per_s`): this machine's rate of random reads.
 
 A batch get of random keys reads, per key, the key's home slot in the index table, the
 candidate row's key ref and tenant, the key's bytes in the arena, and the row's flags, lease
@@ -7,6 +9,11 @@ reads exactly those values for the same keys, with each key's home slot and row 
 advance, in a parallel loop on the same threads that does nothing else (no hashing, no key
 compare, no lease write, no output). No lookup can be faster on this machine, so a keys/s
 target above this floor cannot be met here.
+
+**Eviction** (:func:`eviction_read_seconds`): a cycle classifies every row (its flags, lease and
+replica columns) and deletes its victims from the key index in one pass over the index table.
+The floor reads exactly those arrays once, in parallel chunks, and does nothing else; the
+victims' own reads and writes come on top of it.
 """
 from __future__ import annotations
 
@@ -62,3 +69,35 @@ def gather_keys_per_s(m: MasterService, keys, repeats: int = 3) -> float:
         _gather(slots, rows, *args)
         best = min(best, time.perf_counter() - t0)
     return rows.size / best
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _read_rows(n, flags, lease, rep_status, rep_kind, rep_seg, rep_refcnt, table):
+    chunks = 64
+    per = (n + chunks - 1) // chunks
+    slots_per = (table.shape[0] + chunks - 1) // chunks
+    sums = np.zeros(chunks, np.int64)
+    for c in prange(chunks):
+        total = np.int64(0)
+        for r in range(c * per, min(n, (c + 1) * per)):
+            total += flags[r] + lease[r]
+            for j in range(rep_status.shape[1]):
+                total += rep_status[r, j] + rep_kind[r, j] + rep_seg[r, j] + rep_refcnt[r, j]
+        for i in range(c * slots_per, min(table.shape[0], (c + 1) * slots_per)):
+            total += table[i]
+        sums[c] = total
+    return sums.sum()
+
+
+def eviction_read_seconds(m: MasterService, repeats: int = 3) -> float:
+    """Seconds of the eviction floor above for ``m``; best of ``repeats``."""
+    o = m.objects
+    args = (o.high_water, o.flags, o.lease_deadline_ns, o.replica_status, o.replica_kind, o.replica_segment,
+            o.replica_refcnt, m.store.keys.table)
+    _read_rows(0, *args[1:])  # compiled before the clock starts
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _read_rows(*args)
+        best = min(best, time.perf_counter() - t0)
+    return best

@@ -30,6 +30,18 @@ def test_bench_core_json_has_figures_with_baselines(capsys):
     assert result["single_get_best_round_median_us"] <= result["single_get_p99_us"]
 
 
+def test_bench_evict_json_has_both_cycles_and_the_read_floor(capsys):
+    assert main(["bench", "evict", "--objects", "20000", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["evicted_objects"] == 1000 and result["next_cycle_evicted_objects"] == 950  # 5% of what is left
+    for name in ("evict_seconds", "census_seconds", "apply_seconds", "baseline_copy_seconds", "ratio_to_baseline",
+                 "next_cycle_evict_seconds", "next_cycle_census_seconds", "next_cycle_apply_seconds",
+                 "floor_read_seconds", "ratio_to_floor", "next_cycle_ratio_to_floor"):
+        assert result[name] > 0, name
+    # the floor reads what a cycle must read, nothing more: a cycle cannot beat it
+    assert result["floor_read_seconds"] < min(result["evict_seconds"], result["next_cycle_evict_seconds"])
+
+
 def test_gather_floor_refuses_keys_that_are_not_stored():
     """The floor reads each key's row: a missing key has none, so it cannot stand for a lookup."""
     from mooncake_columnar.tools.memory_floor import gather_keys_per_s
