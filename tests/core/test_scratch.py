@@ -19,16 +19,26 @@ def test_scratch_hands_back_the_kept_buffer_and_grows_it_with_room_to_spare():
     assert s.nbytes == 11 * 8  # only the latest buffer of each name is kept
 
 
-def test_two_eviction_cycles_reuse_the_census_codes_buffer(master, clocks):
+_CYCLE_BUFFERS = (("census codes", np.uint8), ("census listed rows", np.uint32), ("census listed deadlines", np.int64))
+
+
+def test_two_eviction_cycles_reuse_the_census_buffers(master, clocks):
+    """The census's codes and its listing of the earliest candidates go into the same kept
+    buffers at every cycle, which hold a byte per row and the listing's rooms (12 bytes an entry),
+    with an eighth to spare."""
+    from mooncake_columnar.kernels import eviction as ek
     from mooncake_columnar.tools.synthetic import fill, mount_segments
 
     mount_segments(master, 2, 64 << 20)
     fill(master, 2000, object_bytes=4096)
     clocks.advance(s=3600)
     first = master.evict(target=0.1)
-    kept = master.store.scratch.array("census codes", 1, np.uint8).base
+    scratch = master.store.scratch
+    kept = [scratch.array(name, 1, dtype).base for name, dtype in _CYCLE_BUFFERS]
     second = master.evict(target=0.1)
     assert first.evicted_objects > 0 and second.evicted_objects > 0
-    assert master.store.scratch.array("census codes", 1, np.uint8).base is kept
-    assert master.store.scratch.nbytes <= 1.125 * master.objects.high_water + 16
+    again = [scratch.array(name, 1, dtype).base for name, dtype in _CYCLE_BUFFERS]
+    assert all(a is b for a, b in zip(again, kept))
+    rows = master.objects.high_water
+    assert scratch.nbytes <= 1.125 * (rows + 12 * ek.listing_entries(rows, 1.0)) + 64
     master.verify()
