@@ -380,16 +380,13 @@ def _frees_extent(r, j, allocatable, rep_kind, rep_seg):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off, unit_bits,
-                          segs, offs, lens):
+def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off, unit_bits):
     """Clear replica slots (rows[i], slots[i]); returns the memory extents they held on
     allocatable segments as (segment, byte offset, size) grouped by segment, in input order within
     one (what a merged free takes), whether their offsets ascend within every segment, and the
     bytes dropped. Parallel: chunks count their extents per segment, then fill their share of
     each segment's part. Grouping here saves the free a serial pass over the extents and their
-    copies (0.06-0.1 s of an eviction of 5M objects). The extents go into ``segs``/``offs``/
-    ``lens`` when they have an entry per slot (the results are then views of them), else into
-    arrays made here."""
+    copies (0.06-0.1 s of an eviction of 5M objects)."""
     n = rows.shape[0]
     nseg = allocatable.shape[0]
     chunks = 64 if n >= BATCH_MIN else 1  # (a few slots: no per-chunk tables of every segment)
@@ -407,8 +404,9 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
     for g in range(nseg):  # segment by segment, chunk by chunk: each (chunk, segment)'s first position
         for c in range(chunks):
             total, at[c, g] = total + at[c, g], total
-    if segs.shape[0] < total or offs.shape[0] < total or lens.shape[0] < total:
-        segs, offs, lens = np.empty(total, np.int64), np.empty(total, np.int64), np.empty(total, np.int64)
+    segs = np.empty(total, np.int64)
+    offs = np.empty(total, np.int64)
+    lens = np.empty(total, np.int64)
     first = np.full((chunks, nseg), -1, np.int64)  # each (chunk, segment)'s first and last offsets
     last = np.full((chunks, nseg), -1, np.int64)
     ascending = np.ones(chunks, np.bool_)
@@ -444,7 +442,7 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
             if first[c, g] >= 0:
                 ordered &= first[c, g] > previous
                 previous = last[c, g]
-    return segs[:total], offs[:total], lens[:total], ordered, dropped.sum()
+    return segs, offs, lens, ordered, dropped.sum()
 
 
 _clear_slots_serial = variant(_clear_slots_parallel, "_serial")
@@ -452,12 +450,7 @@ _clear_slots_serial = variant(_clear_slots_parallel, "_serial")
 
 def clear_slots(rows, *args):
     """See :func:`_clear_slots_parallel`; a few slots (one remove) take the serial variant that
-    keeps the GIL and wakes no worker thread (see :mod:`.dispatch`). A batch's extents go into
-    arrays from NumPy, whose large arrays get huge pages: 5M extents (120 MB) fault in about
-    700 pages instead of the 29K of a kernel's own arrays (0.013 s against 0.045 s)."""
+    keeps the GIL and wakes no worker thread (see :mod:`.dispatch`)."""
     if rows.shape[0] < BATCH_MIN:
-        return _clear_slots_serial(rows, *args, *_NO_EXTENTS)
-    return _clear_slots_parallel(rows, *args, *(np.empty(rows.shape[0], np.int64) for _ in range(3)))
-
-
-_NO_EXTENTS = (np.empty(0, np.int64),) * 3  # too short: the kernel makes its own
+        return _clear_slots_serial(rows, *args)
+    return _clear_slots_parallel(rows, *args)
