@@ -12,6 +12,8 @@ self-check. ``MasterService.start()``, ``StandbyService.bootstrap()`` and ``prom
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import tempfile
 import threading
@@ -89,6 +91,7 @@ def _exercise(tmp: Path) -> None:
     m.evict(target=0.05)  # the census lists the earliest candidates (a small share of the rows)
     m.evict(target=0.5)   # it does not: the first pass takes most of them
     _delete_few_of_many()
+    _evict_without_journal(config, clocks)
     m.offload_tasks()
     m.tick()
     m.remove_by_regex("^obj")
@@ -112,6 +115,19 @@ def _exercise(tmp: Path) -> None:
     SnapshotManager(m, SnapshotRepository(tmp / "snapshots-1"), prefault=False).snapshot_now()
     restore_master(SnapshotRepository(tmp / "snapshots-1"), config=config, clocks=clocks, prefault=False)
     _promote_and_remount(store, config, clocks, None)
+
+
+def _evict_without_journal(config, clocks) -> None:
+    """An eviction applied at once (a master without a journal hides nothing first, and one
+    without offload drops the replicas)."""
+    from .master import MasterService
+    from .tools.synthetic import fill, mount_segments
+
+    m = MasterService(dataclasses.replace(config, enable_offload=False), clocks=clocks)
+    mount_segments(m, 2, 64 << 20)
+    fill(m, 64, object_bytes=4096)
+    clocks.advance(s=3)
+    m.evict(target=0.5)
 
 
 def _delete_few_of_many() -> None:

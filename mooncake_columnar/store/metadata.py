@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import EngineInvariantError
 from ..kernels import objects as ok
 from ..kernels.erase_guard import first_not_erasable
+from ..kernels.slot_lists import emptied_objects, set_slots
 from ..schema import (EMPTY_CODE, FLAG_GROUPED, KIND_LOCAL_DISK, KIND_MEMORY, MAX_CODES, ST_EMPTY, ST_PROCESSING,
                       ReplicaKind, ReplicaStatus)
 from ..validation import require_str
@@ -237,11 +238,10 @@ class MetadataStore:
     def drop_planned(self, plan: "EvictionPlan") -> int:
         """Drop the replicas an eviction plan removes and erase the objects left without any;
         returns bytes freed."""
-        o = self.objects
-        r_idx, slot = np.nonzero(plan.removed)
-        freed = self.drop_slots(plan.chains.rows[r_idx], slot)
-        emptied = ~plan.chains.any(o.replica_status[plan.chains.rows] != ST_EMPTY)
-        self.erase_rows(plan.rows[emptied], slots_cleared=True)
+        chains = plan.chains
+        freed = self.drop_slots(*set_slots(chains.rows, plan.removed))
+        self.erase_rows(emptied_objects(plan.rows, chains.owner, chains.rows, self.objects.replica_status, int(ST_EMPTY)),
+                        slots_cleared=True)
         return freed
 
     def finalize_removed(self, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:

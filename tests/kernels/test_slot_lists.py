@@ -1,0 +1,49 @@
+"""The apply's slot and object lists against the NumPy they replace."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mooncake_columnar.kernels import eviction as ek
+from mooncake_columnar.kernels.slot_lists import emptied_objects, set_slots
+
+pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
+
+
+@pytest.mark.parametrize("n, width", [(0, 1), (7, 1), (300, 3), (9_000, 1), (20_000, 4)])
+def test_set_slots_are_nonzero_of_the_mask_with_its_rows(n, width):
+    """Few rows (one chunk) and many (parallel chunks), one slot and several."""
+    rng = np.random.default_rng(n)
+    rows = np.sort(rng.choice(10**6, n, replace=False))
+    mask = rng.random((n, width)) < 0.6
+    r_idx, slot = np.nonzero(mask)
+    got_rows, got_slots = set_slots(rows, mask)
+    assert np.array_equal(got_rows, rows[r_idx]) and np.array_equal(got_slots, slot)
+    assert got_rows.dtype == got_slots.dtype == np.int64
+
+
+@pytest.mark.parametrize("n, width", [(0, 1), (9, 2), (9_000, 1), (20_000, 3)])
+def test_emptied_objects_are_those_whose_chain_rows_hold_no_slot_in_use(n, width):
+    """Objects with one to three chain rows, so chunks of objects split the chain rows unevenly;
+    an object counts as emptied only when every slot of every one of its rows is empty."""
+    rng = np.random.default_rng(n + 1)
+    rows = np.sort(rng.choice(10**6, n, replace=False))
+    owner = np.repeat(np.arange(n), rng.integers(1, 4, n))
+    chain_rows = rng.choice(10**6, owner.size, replace=False)
+    status = rng.integers(1, 4, (10**6, width)).astype(np.uint8)
+    status[rng.random(status.shape) < 0.7] = 0
+    in_use = np.bincount(owner, weights=(status[chain_rows] != 0).sum(axis=1), minlength=n) > 0
+    assert np.array_equal(emptied_objects(rows, owner, chain_rows, status, 0), rows[~in_use])
+
+
+@pytest.mark.parametrize("n", [5, 3_000, 200_000])
+def test_rows_before_the_kth_take_the_first_ties_in_input_order(n):
+    """Few distinct deadlines: the k-th's ties run across many parallel chunks, and only the first
+    of them (in input order) are taken, up to k rows in all."""
+    rng = np.random.default_rng(n)
+    rows = np.sort(rng.choice(10**7, n, replace=False)).astype(np.uint32)
+    keys = rng.integers(0, 20, n)
+    for k in {1, n // 3 + 1, n // 2, n}:
+        order = np.lexsort((np.arange(n), keys))[:k]  # earliest first, ties in input order
+        got = ek._before(rows, keys, *ek._kth(keys, k))
+        assert np.array_equal(got, np.sort(rows[order]).astype(np.int64))
