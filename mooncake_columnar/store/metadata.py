@@ -240,8 +240,8 @@ class MetadataStore:
         returns bytes freed."""
         chains = plan.chains
         freed = self.drop_slots(*set_slots(chains.rows, plan.removed))
-        self.erase_rows(emptied_objects(plan.rows, chains.owner, chains.rows, self.objects.replica_status, int(ST_EMPTY)),
-                        slots_cleared=True)
+        emptied = emptied_objects(plan.rows, chains.owner, chains.rows, self.objects.replica_status, int(ST_EMPTY))
+        self.erase_rows(emptied, slots_cleared=True)
         return freed
 
     def finalize_removed(self, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
