@@ -77,55 +77,75 @@ def _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, 
     return NO_PIN_CANDIDATE, 0
 
 
+@njit(inline="always", cache=True)
+def _census_chunk(rows, columns, codes, listing, bound, found_rows, found_deadlines, at, room):
+    """:func:`_census` of rows rows[0]..rows[1]-1: (IN_BASE, NO_PIN_CANDIDATE and
+    SOFT_PINNED_CANDIDATE rows, the RFC guard's skips, rows listed, which may exceed ``room``)."""
+    now, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt, seg_readable, more = columns
+    skipped = in_base = no_pin = soft = k = 0
+    for r in range(rows[0], rows[1]):
+        code, skips = _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
+                                refcnt, seg_readable, more)
+        if not listing:
+            codes[r] = code
+        if code == NOT_IN_BASE:
+            skipped += skips
+        elif code == IN_BASE:
+            in_base += 1
+        elif code == SOFT_PINNED_CANDIDATE:
+            soft += 1
+        else:
+            no_pin += 1
+            if listing:
+                d = lease[r]
+                if d <= bound:
+                    if k < room:
+                        found_rows[at + k] = r
+                        found_deadlines[at + k] = d
+                    k += 1
+    return in_base, no_pin, soft, skipped, k
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt,
             seg_readable, more, codes, listing, bound, found_rows, found_deadlines):
-    """:func:`census`, and when ``listing`` the NO_PIN_CANDIDATE rows whose deadline is <= bound
-    with their deadlines, ascending, from the same pass: each chunk writes up to a room's worth
-    (``found_rows``/``found_deadlines``: ``_CHUNKS`` rooms) at its own start of them, then the
-    chunks are packed in place, one after the other (each moves back: the chunks before it took
-    no more than their rooms), and the listing is a view of them. A chunk that found more than
-    its room lists its rows again from the codes, into fresh arrays. Storing each deadline as it
-    is tested, rather than gathering the listed rows' deadlines again, and reusing kept buffers
-    took the pass from 0.29 to 0.21 s (synthetic 100M rows, 6.7% listed; 0.18 s without a
-    listing). Every page of a fresh buffer is a fault (about 2 ms per MB on this VM when the
-    host has to back it), so the rooms are sized by the share of rows the sample expects, not
-    by the rows, and hold 4-byte rows: rows fit 32 bits (the key index's slots hold 32-bit
-    rows). Rows are unsigned: a signed row, which LLVM cannot prove non-negative, takes a
-    wrap-around fix-up at every column access (10% more CPU). ``codes`` (``rows_hw`` entries)
-    is written for every row: a kept buffer, not a fresh zeroed one (see :func:`census`)."""
+    """:func:`census` (``listing`` False), or, instead of the codes, the NO_PIN_CANDIDATE rows
+    whose deadline is <= bound with their deadlines, ascending, from the same pass: each chunk
+    writes up to a room's worth (``found_rows``/``found_deadlines``: ``_CHUNKS`` rooms) at its
+    own start of them, then the chunks are packed in place, one after the other (each moves
+    back: the chunks before it took no more than their rooms), and the listing is a view of
+    them. A chunk that found more than its room classifies its rows again, into fresh arrays.
+    Storing each deadline as it is tested, rather than gathering the listed rows' deadlines
+    again, and reusing kept buffers took the pass from 0.29 to 0.21 s (synthetic 100M rows,
+    6.7% listed; 0.18 s without a listing). Every page of a fresh buffer is a fault (about 2 ms
+    per MB on this VM when the host has to back it), so the rooms are sized by the share of rows
+    the sample expects, not by the rows, and hold 4-byte rows: rows fit 32 bits (the key index's
+    slots hold 32-bit rows). Rows are unsigned: a signed row, which LLVM cannot prove
+    non-negative, takes a wrap-around fix-up at every column access (10% more CPU). ``codes``
+    (``rows_hw`` entries) is written for every row when not ``listing``: a kept buffer, not a
+    fresh zeroed one (see :func:`census`). A listing writes no codes: the planner rarely needs
+    them then (:class:`..policies.eviction._Planner`), and they were an eighth of the pass's
+    memory traffic (a byte written per row, read first for ownership)."""
     chunk = (rows_hw + _CHUNKS - 1) // _CHUNKS
     room = found_rows.shape[0] // _CHUNKS
     skipped = np.zeros(_CHUNKS, np.int64)
     per_code = np.zeros((_CHUNKS, 4), np.int64)
     found = np.zeros(_CHUNKS, np.int64)
     for c in prange(_CHUNKS):
-        local_skipped = in_base = no_pin = soft = k = 0
-        for r in range(np.uint64(c * chunk), np.uint64(min(rows_hw, (c + 1) * chunk))):
-            code, skips = _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, kind,
-                                    segment, refcnt, seg_readable, more)
-            codes[r] = code
-            if code == NOT_IN_BASE:
-                local_skipped += skips
-                continue
-            if code == IN_BASE:
-                in_base += 1
-            elif code == SOFT_PINNED_CANDIDATE:
-                soft += 1
-            else:
-                no_pin += 1
-                if listing:
-                    d = lease[r]
-                    if d <= bound:
-                        if k < room:
-                            found_rows[c * room + k] = r
-                            found_deadlines[c * room + k] = d
-                        k += 1
+        rows = (np.uint64(c * chunk), np.uint64(min(rows_hw, (c + 1) * chunk)))
+        columns = (now, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment, refcnt, seg_readable,
+                   more)
+        if listing:  # (a constant in each call: each inlined copy of the loop tests it once)
+            in_base, no_pin, soft, skips, k = _census_chunk(rows, columns, codes, True, bound, found_rows,
+                                                           found_deadlines, c * room, room)
+        else:
+            in_base, no_pin, soft, skips, k = _census_chunk(rows, columns, codes, False, bound, found_rows,
+                                                           found_deadlines, c * room, room)
         per_code[c, IN_BASE] = in_base
         per_code[c, NO_PIN_CANDIDATE] = no_pin
         per_code[c, SOFT_PINNED_CANDIDATE] = soft
         per_code[c, NOT_IN_BASE] = max(0, min(rows_hw, (c + 1) * chunk) - c * chunk) - in_base - no_pin - soft
-        skipped[c] = local_skipped
+        skipped[c] = skips
         found[c] = k
     if found.max() <= room:
         total = 0
@@ -134,7 +154,7 @@ def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, stat
                 found_rows[total + i] = found_rows[c * room + i]
                 found_deadlines[total + i] = found_deadlines[c * room + i]
             total += found[c]
-        return codes, per_code.sum(axis=0), skipped.sum(), found_rows[:total], found_deadlines[:total]
+        return per_code.sum(axis=0), skipped.sum(), found_rows[:total], found_deadlines[:total]
     at = np.zeros(_CHUNKS + 1, np.int64)
     at[1:] = np.cumsum(found)
     listed_rows = np.empty(at[-1], np.uint32)
@@ -143,17 +163,22 @@ def _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, stat
         if found[c] <= room:
             listed_rows[at[c]:at[c + 1]] = found_rows[c * room:c * room + found[c]]
             listed_lease[at[c]:at[c + 1]] = found_deadlines[c * room:c * room + found[c]]
-        else:  # more than its room (deadlines that cluster by row): listed again from the codes
+        else:  # more than its room (deadlines that cluster by row): its rows classified again
             i = at[c]
             for r in range(np.uint64(c * chunk), np.uint64(min(rows_hw, (c + 1) * chunk))):
-                if codes[r] == NO_PIN_CANDIDATE and lease[r] <= bound:
+                if lease[r] > bound:
+                    continue
+                code = _classify(r, now, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
+                                 refcnt, seg_readable, more)[0]
+                if code == NO_PIN_CANDIDATE:
                     listed_rows[i] = r
                     listed_lease[i] = lease[r]
                     i += 1
-    return codes, per_code.sum(axis=0), skipped.sum(), listed_rows, listed_lease
+    return per_code.sum(axis=0), skipped.sum(), listed_rows, listed_lease
 
 
 _NO_ROOMS = (np.empty(0, np.uint32), np.empty(0, np.int64))
+_NO_CODES = np.empty(0, np.uint8)  # a listing writes none
 
 
 def _codes(rows_hw: int, out: np.ndarray | None) -> np.ndarray:
@@ -170,8 +195,10 @@ def census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, statu
     ``rows_hw`` entries for the codes, kept from one cycle to the next: a fresh one costs its
     page faults (synthetic 100M rows: the census 0.22-0.26 s into fresh memory, 0.17 s into a
     kept buffer, which is about the time of reading its columns)."""
-    return _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
-                   refcnt, seg_readable, more, _codes(rows_hw, out), False, 0, *_NO_ROOMS)[:3]
+    codes = _codes(rows_hw, out)
+    counts, skipped = _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
+                              refcnt, seg_readable, more, codes, False, 0, *_NO_ROOMS)[:2]
+    return codes, counts, skipped
 
 
 def listing_entries(rows_hw: int, share: float) -> int:
@@ -182,20 +209,20 @@ def listing_entries(rows_hw: int, share: float) -> int:
 
 
 def census_listing(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline, status, kind, segment,
-                   refcnt, seg_readable, more, bound, share=1.0, out=None, listing_out=None):
-    """:func:`census` plus ``Listed``: the NO_PIN_CANDIDATE rows whose deadline is <= ``bound``
-    (ascending, as uint32) and their deadlines, found in the same pass. ``share``: the part of
-    all rows expected to be listed (:class:`ListingBound`); it sizes the pass's buffers, not the
-    result. ``listing_out``: kept (uint32, int64) buffers of at least :func:`listing_entries`
-    entries, which the listing then usually views (the same rules as ``out``)."""
+                   refcnt, seg_readable, more, bound, share=1.0, listing_out=None):
+    """:func:`census`'s counts, without the codes, plus ``Listed``: the NO_PIN_CANDIDATE rows
+    whose deadline is <= ``bound`` (ascending, as uint32) and their deadlines, found in the same
+    pass. ``share``: the part of all rows expected to be listed (:class:`ListingBound`); it
+    sizes the pass's buffers, not the result. ``listing_out``: kept (uint32, int64) buffers of
+    at least :func:`listing_entries` entries, which the listing then usually views (the same
+    rules as :func:`census`'s ``out``)."""
     n = listing_entries(rows_hw, share)
     found = (np.empty(n, np.uint32), np.empty(n, np.int64)) if listing_out is None else (
         listing_out[0][:n], listing_out[1][:n])
-    codes, counts, skipped, rows, deadlines = _census(now, rows_hw, tenant, only_tenant, flags, lease,
-                                                      soft_deadline, status, kind, segment, refcnt,
-                                                      seg_readable, more, _codes(rows_hw, out), True, bound,
-                                                      *found)
-    return codes, counts, skipped, Listed(rows, deadlines)
+    counts, skipped, rows, deadlines = _census(now, rows_hw, tenant, only_tenant, flags, lease, soft_deadline,
+                                               status, kind, segment, refcnt, seg_readable, more, _NO_CODES, True,
+                                               bound, *found)
+    return counts, skipped, Listed(rows, deadlines)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -549,11 +576,13 @@ def plan(ordered, want, want_bytes, now, allow_soft, codes, flags, lease, soft_d
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def finalize(rows, codes, now, flags, lease, soft_deadline, status, kind, segment, refcnt,
+def finalize(rows, codes, coded, now, flags, lease, soft_deadline, status, kind, segment, refcnt,
              seg_readable, more, keep, owner, chain, removed, remaining):
     """Re-validate planned rows (sorted by row: a streaming pass) with the shared predicate and
     mark, per row of their chains (``owner``/``chain``: ObjectTable.chains), the replicas
-    eviction drops and those that remain (oplog PUT_END(remaining)).
+    eviction drops and those that remain (oplog PUT_END(remaining)). A row planned by the
+    soft-pinned fallback is coded PLANNED_SOFT in ``codes``; when not ``coded`` (a census that
+    listed, see :class:`..policies.eviction._Planner`) none was, and ``codes`` is not read.
     """
     n = rows.shape[0]
     for i in prange(n):
@@ -566,7 +595,7 @@ def finalize(rows, codes, now, flags, lease, soft_deadline, status, kind, segmen
             prefetch(segment, (ahead, 0))
             prefetch(refcnt, (ahead, 0))
         r = rows[i]
-        keep[i] = is_eviction_candidate(r, now, codes[r] == PLANNED_SOFT, flags, lease, soft_deadline,
+        keep[i] = is_eviction_candidate(r, now, coded and codes[r] == PLANNED_SOFT, flags, lease, soft_deadline,
                                         status, kind, segment, refcnt, seg_readable, more)
     for k in prange(chain.shape[0]):
         r = chain[k]

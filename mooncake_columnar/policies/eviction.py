@@ -99,7 +99,12 @@ class _Planner:
     """Accumulates one cycle's planned rows across passes (a row is planned at most once).
 
     Candidates are census codes (NO_PIN_CANDIDATE, SOFT_PINNED_CANDIDATE); a planned row's code
-    becomes PLANNED (or PLANNED_SOFT, by the fallback), so later passes skip it.
+    becomes PLANNED (or PLANNED_SOFT, by the fallback), so later passes skip it. A census that
+    lists the first pass's candidates writes no codes: the usual cycle plans from that listing
+    alone and writes none either (the planned rows' sparse codes touched every cache line of
+    them). A pass that needs them (a second pass, the soft-pinned fallback, groups, a short
+    listing) has the census write them first, then the marks so far: the same ``now`` under the
+    same lock classifies every row the same.
     """
 
     def __init__(self, m: "MasterService", now: int, tenant: int = -1, first_ratio: float | None = None) -> None:
@@ -113,16 +118,18 @@ class _Planner:
                    m.store.segments.readable, o.replica_more)
         bound = None if first_ratio is None else ek.listing_bound(first_ratio, *columns)
         self.listed: ek.Listed | None = None
+        self.columns = columns
         scratch = m.store.scratch  # buffers used up within the cycle
-        codes = scratch.array("census codes", o.high_water, np.uint8)
+        self.codes = scratch.array("census codes", o.high_water, np.uint8)
+        self.coded = bound is None  # every row's code is in self.codes
+        self.marked: list[tuple[np.ndarray, int]] = []  # what _mark left unwritten while not coded
         if bound is None:
-            self.codes, self.counts, skipped = ek.census(*columns, out=codes)
+            _, self.counts, skipped = ek.census(*columns, out=self.codes)
         else:
             entries = ek.listing_entries(o.high_water, bound.share)
             listing = (scratch.array("census listed rows", entries, np.uint32),
                        scratch.array("census listed deadlines", entries, np.int64))
-            self.codes, self.counts, skipped, self.listed = ek.census_listing(*columns, *bound, out=codes,
-                                                                              listing_out=listing)
+            self.counts, skipped, self.listed = ek.census_listing(*columns, *bound, listing_out=listing)
         self.skipped = int(skipped)
         self.base = int(self.counts[ek.IN_BASE] + self.counts[ek.NO_PIN_CANDIDATE]
                         + self.counts[ek.SOFT_PINNED_CANDIDATE])
@@ -140,9 +147,13 @@ class _Planner:
         if want_bytes == INT64_MAX and self.picked is not None:
             # usual case: no group among the earliest candidates, so the plan is exactly that
             # set, found without listing every candidate or sorting (plan() orders by row)
-            chosen = ek.earliest_coded(self.codes, code, count, o.lease_deadline_ns, want, self._listed(code))
+            listed = self._listed(code)
+            if listed is None or listed.rows.size < want:  # (earliest_coded lists from the codes)
+                self._code_every_row()
+            chosen = ek.earliest_coded(self.codes, code, count, o.lease_deadline_ns, want, listed)
             if not ek.any_grouped(chosen, o.flags):
                 return self._mark(chosen, code, mark)
+        self._code_every_row()
         self.picked = None  # from here on plan() lists the rows coded PLANNED*
         candidates = ek.rows_coded(self.codes, code, o.lease_deadline_ns, None)
         planned = 0
@@ -167,11 +178,24 @@ class _Planner:
             return None
         if self.count == 0:  # nothing planned since the census
             return self.listed
+        self._code_every_row()
         keep = self.codes[self.listed.rows] == code
         return ek.Listed(self.listed.rows[keep], self.listed.deadlines[keep])
 
+    def _code_every_row(self) -> None:
+        """Have the census write every row's code, then the marks of the rows planned so far."""
+        if self.coded:
+            return
+        ek.census(*self.columns, out=self.codes)
+        for rows, mark in self.marked:
+            self.codes[rows] = mark
+        self.coded = True
+
     def _mark(self, rows: np.ndarray, code: int, mark: int) -> int:
-        self.codes[rows] = mark
+        if self.coded:
+            self.codes[rows] = mark
+        else:
+            self.marked.append((rows, mark))
         self.counts[code] -= rows.size
         assert self.picked is not None  # only the usual case marks here, while picked is kept
         self.picked.append(rows)
@@ -190,9 +214,10 @@ class _Planner:
         chains = o.chains(rows)
         removed = np.empty((chains.rows.size, o.slots), np.bool_)
         remaining = np.empty((chains.rows.size, o.slots), np.bool_)
-        ek.finalize(rows, self.codes, self.now, o.flags, o.lease_deadline_ns, self.m.store.soft_pins.parts(),
-                    o.replica_status, o.replica_kind, o.replica_segment, o.replica_refcnt,
-                    self.m.store.segments.readable, o.replica_more, keep, chains.owner, chains.rows, removed, remaining)
+        ek.finalize(rows, self.codes, self.coded, self.now, o.flags, o.lease_deadline_ns,
+                    self.m.store.soft_pins.parts(), o.replica_status, o.replica_kind, o.replica_segment,
+                    o.replica_refcnt, self.m.store.segments.readable, o.replica_more, keep, chains.owner, chains.rows,
+                    removed, remaining)
         return EvictionPlan(rows, chains, removed, remaining).subset(keep)
 
 

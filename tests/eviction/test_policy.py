@@ -260,3 +260,51 @@ def test_a_cycle_over_thousands_of_candidates_evicts_the_earliest_deadlines_ties
     assert report.base == hw and report.evicted_objects == want
     assert 0 < report.census_s + report.plan_s + report.apply_s <= report.duration_s
     assert survivors(m) == set(keys_before) - {keys_before[r] for r in gone}
+
+
+@pytest.mark.parametrize("case", ["grouped", "short listing"])
+def test_a_cycle_that_needs_every_code_after_a_listing_census_plans_as_with_codes(monkeypatch, case):
+    """A listing census writes no codes. When a pass needs them (a group among the earliest
+    candidates, or a listing shorter than the pass), the census writes them under the same
+    ``now``: the cycle evicts exactly what it evicts when the census writes codes from the start."""
+    import numpy as np
+
+    from mooncake_columnar.clock import ManualClocks
+    from mooncake_columnar.kernels import eviction as ek
+    from mooncake_columnar.tools.synthetic import build_master
+
+    listing_bound, census = ek.listing_bound, ek.census
+
+    def cycle(listing: bool) -> tuple[set, int, int]:
+        clocks = ManualClocks()
+        m = build_master(8_000, segments=2, clocks=clocks)
+        members = [f"member-{i}" for i in range(40)]
+        m.batch_put_start(members, np.full(40, 4096, np.int64), client_id="client-0",
+                          config=ReplicateConfig(group_id="g"))
+        m.batch_put_end(members, client_id="client-0")
+        o = m.objects
+        hw = o.high_water
+        now = clocks.steady_ns()
+        lease = now - np.random.default_rng(3).integers(1_000, 10**9, hw)
+        lease[-40:] = now - 10**10  # the group's members first (the earliest deadlines)...
+        lease[-1] = now + 10**12    # ...but one holds a live lease: it keeps the whole group
+        o.lease_deadline_ns[:hw] = lease
+        bounds, codings = [], []
+
+        def bound(*args, **kwargs):
+            b = listing_bound(*args, **kwargs)
+            if b is not None and case == "short listing":
+                b = ek.ListingBound(int(np.sort(lease)[100]), b.share)  # about 100 rows listed
+            bounds.append(b)
+            return b if listing else None
+
+        monkeypatch.setattr(ek, "listing_bound", bound)
+        monkeypatch.setattr(ek, "census", lambda *a, **k: codings.append(1) or census(*a, **k))
+        report = m.evict(target=0.05)
+        assert bounds and bounds[0] is not None  # the census lists (or would list) candidates
+        return survivors(m), report.evicted_objects, len(codings)
+
+    listed, listed_evicted, listed_codings = cycle(listing=True)
+    coded, coded_evicted, coded_codings = cycle(listing=False)
+    assert listed == coded and listed_evicted == coded_evicted == 402
+    assert listed_codings == coded_codings == 1  # the codes written once, later or at once

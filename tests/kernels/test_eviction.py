@@ -90,19 +90,19 @@ def test_census_listing_lists_the_candidates_at_or_below_the_bound_in_the_same_p
     n = flags.size
     columns = (now, n, np.zeros(n, np.int32), -1, flags, lease, soft_pins_of(soft).parts(), status, kind, seg,
                refcnt, readable, np.empty(0, np.int32))
-    codes, counts, skipped = ek.census(*columns)
-    # into a kept buffer, longer than the rows, full of a previous cycle's codes
+    # codes into a kept buffer, longer than the rows, full of a previous cycle's codes
     kept = np.full(n + 7, ek.PLANNED_SOFT, np.uint8)
-    listed_codes, listed_counts, listed_skipped, listed = ek.census_listing(*columns, bound, out=kept)
-    assert np.array_equal(listed_codes, codes) and np.array_equal(listed_counts, counts)
-    assert listed_skipped == skipped and listed_codes.base is kept
+    codes, counts, skipped = ek.census(*columns, out=kept)
+    assert codes.base is kept and np.array_equal(codes, ek.census(*columns)[0])
+    listed_counts, listed_skipped, listed = ek.census_listing(*columns, bound)
+    assert np.array_equal(listed_counts, counts) and listed_skipped == skipped
     nopin = ek.rows_coded(codes, ek.NO_PIN_CANDIDATE, lease, None)
     assert listed.rows.tolist() == [r for r in nopin.tolist() if lease[r] <= bound]
     assert np.array_equal(listed.deadlines, lease[listed.rows])
     # into kept listing buffers holding a previous cycle's entries: the same listing, viewing them
     entries = ek.listing_entries(n, 1.0)
     kept_rows, kept_deadlines = np.full(entries + 3, 7, np.uint32), np.full(entries + 3, -9, np.int64)
-    again = ek.census_listing(*columns, bound, out=kept, listing_out=(kept_rows, kept_deadlines))[3]
+    again = ek.census_listing(*columns, bound, listing_out=(kept_rows, kept_deadlines))[2]
     assert again.rows.tolist() == listed.rows.tolist() and again.deadlines.tolist() == listed.deadlines.tolist()
     assert np.shares_memory(again.rows, kept_rows) or again.rows.size == 0
     assert np.shares_memory(again.deadlines, kept_deadlines) or again.rows.size == 0
@@ -195,8 +195,8 @@ def test_sampled_selection_matches_full_sort():
 
 def test_census_listing_sized_too_small_lists_the_overflowing_chunks_again():
     """Deadlines that cluster by row (old rows, old leases) overflow a chunk's room in the
-    listing buffer (sized by the sample's share): those chunks are listed again from the codes,
-    and the listing is the same as with room for every row."""
+    listing buffer (sized by the sample's share): those chunks' rows are classified again, and
+    the listing is the same as with room for every row."""
     n = 70_000  # chunks of 1094 rows: more than the smallest room (1024)
     lease = np.where(np.arange(n) < n // 2, -5, -1).astype(np.int64)
     lease[::7] = 3  # some rows live: not candidates
@@ -204,11 +204,11 @@ def test_census_listing_sized_too_small_lists_the_overflowing_chunks_again():
     columns = (0, n, np.zeros(n, np.int32), -1, flags, lease, soft_pins_of(np.zeros(0, np.int64)).parts(),
                np.full((n, 1), ST_COMPLETE, np.uint8), np.full((n, 1), KIND_MEMORY, np.uint8),
                np.zeros((n, 1), np.int32), np.zeros((n, 1), np.uint16), np.ones(1, np.bool_), np.empty(0, np.int32))
-    _, _, _, roomy = ek.census_listing(*columns, -5)
-    codes, _, _, tight = ek.census_listing(*columns, -5, 0.0)
+    roomy = ek.census_listing(*columns, -5)[2]
+    tight = ek.census_listing(*columns, -5, 0.0)[2]
     entries = ek.listing_entries(n, 0.0)
     kept = (np.zeros(entries, np.uint32), np.zeros(entries, np.int64))
-    _, _, _, tight_kept = ek.census_listing(*columns, -5, 0.0, listing_out=kept)
+    tight_kept = ek.census_listing(*columns, -5, 0.0, listing_out=kept)[2]
     expect = [r for r in range(n // 2) if r % 7]
     assert roomy.rows.tolist() == tight.rows.tolist() == tight_kept.rows.tolist() == expect
     assert np.array_equal(tight.deadlines, lease[tight.rows])
@@ -231,7 +231,8 @@ def test_listing_bound_of_a_sample_covers_the_first_pass_and_a_short_listing_is_
     bound = ek.listing_bound(0.05, *columns)
     assert bound is not None
     assert 0.05 <= bound.share < 0.1  # the sample's share of rows at or below it
-    codes, _, _, listed = ek.census_listing(*columns, *bound)
+    codes = ek.census(*columns)[0]
+    listed = ek.census_listing(*columns, *bound)[2]
     assert k <= listed.rows.size < n // 10  # a little more than the pass takes, not every candidate
     assert np.array_equal(ek.earliest_coded(codes, ek.NO_PIN_CANDIDATE, n, lease, k, listed), expect)
     short = ek.Listed(listed.rows[: k - 1], listed.deadlines[: k - 1])
