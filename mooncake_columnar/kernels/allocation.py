@@ -165,49 +165,42 @@ def _merge_free(starts, lengths, base, counts, s, offs, sizes, lo, hi, unit_bits
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def free_sorted(segs, offsets, sizes, starts, lengths, base, counts, used, unit_bits, capacity):
-    """Free the held extents of replicas sorted by (segment, offset), each segment's region with
-    room for its share; returns how many were rejected (a segment's all, on any overlap). The
-    segments merge in parallel: each touches only its own region of the pool (100M objects,
-    four segments: about half the time of merging them one after the other)."""
-    n = segs.shape[0]
-    if n == 0:
-        return 0
-    runs = 1
-    for i in range(1, n):
-        runs += segs[i] != segs[i - 1]
-    first = np.empty(runs + 1, np.int64)  # where each segment's extents start, then n
-    first[0], first[runs] = 0, n
-    g = 1
-    for i in range(1, n):
-        if segs[i] != segs[i - 1]:
-            first[g] = i
-            g += 1
-    freed = np.empty(runs, np.int64)
-    for g in prange(runs):
-        freed[g] = _merge_free(starts, lengths, base, counts, segs[first[g]], offsets, sizes, first[g], first[g + 1],
-                               unit_bits, capacity)
+def free_sorted(per_segment, offsets, sizes, starts, lengths, base, counts, used, unit_bits, capacity):
+    """Free the held extents of replicas grouped by segment in code order (``per_segment[s]`` of
+    segment s's, sorted by offset), each segment's region with room for its share; returns how
+    many were rejected (a segment's all, on any overlap). The segments merge in parallel: each
+    touches only its own region of the pool (100M objects, four segments: about half the time
+    of merging them one after the other)."""
+    n_seg = per_segment.shape[0]
+    first = np.zeros(n_seg + 1, np.int64)  # where each segment's extents start, then their end
+    first[1:] = np.cumsum(per_segment)
+    freeing = np.flatnonzero(per_segment)
+    freed = np.zeros(n_seg, np.int64)
+    for i in prange(freeing.shape[0]):
+        s = freeing[i]
+        freed[s] = _merge_free(starts, lengths, base, counts, s, offsets, sizes, first[s], first[s + 1], unit_bits,
+                               capacity)
     bad = 0
-    for g in range(runs):
-        if freed[g] >= 0:
-            used[segs[first[g]]] -= freed[g]
+    for s in freeing:
+        if freed[s] >= 0:
+            used[s] -= freed[s]
         else:
-            bad += first[g + 1] - first[g]
+            bad += per_segment[s]
     return bad
 
 
 @njit(cache=True, nogil=True)
 def by_segment(segs, offsets, sizes, n_segments):
-    """Stable counting sort of extents by segment; also says whether the offsets then ascend
-    within every segment (extents listed in row order usually do: rows are allocated in offset
-    order by bulk loads and restores), in which case no comparison sort is needed."""
+    """Stable counting sort of extents by segment: (extents per segment, offsets, sizes); also
+    says whether the offsets then ascend within every segment (extents listed in row order
+    usually do: rows are allocated in offset order by bulk loads and restores), in which case no
+    comparison sort is needed."""
     n = segs.shape[0]
-    start = np.zeros(n_segments + 1, np.int64)
+    per_segment = np.zeros(n_segments, np.int64)
     for i in range(n):
-        start[segs[i] + 1] += 1
-    for s in range(n_segments):
-        start[s + 1] += start[s]
-    out_seg = np.empty(n, np.int64)
+        per_segment[segs[i]] += 1
+    start = np.zeros(n_segments, np.int64)
+    start[1:] = np.cumsum(per_segment)[:-1]
     out_off = np.empty(n, np.int64)
     out_len = np.empty(n, np.int64)
     last = np.full(n_segments, -1, np.int64)
@@ -216,12 +209,11 @@ def by_segment(segs, offsets, sizes, n_segments):
         s = segs[i]
         k = start[s]
         start[s] = k + 1
-        out_seg[k] = s
         out_off[k] = offsets[i]
         out_len[k] = sizes[i]
         ascending &= offsets[i] > last[s]
         last[s] = offsets[i]
-    return out_seg, out_off, out_len, ascending
+    return per_segment, out_off, out_len, ascending
 
 
 by_segment_small = variant(by_segment, "_small", nogil=False)  # one remove: keeps the GIL (see .dispatch)

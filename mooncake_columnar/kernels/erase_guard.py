@@ -7,6 +7,7 @@ such a row twice puts it on the free stack twice and loses whatever object takes
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from ..schema import FLAG_ERASE_MARK
 from .dispatch import BATCH_MIN, variant
@@ -43,6 +44,29 @@ def _first_not_erasable(rows, flags):
 _first_not_erasable_small = variant(_first_not_erasable, "_small", nogil=False)
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _ascending_live(rows, flags):
+    """``rows`` strictly ascend (so none repeats) and each is a live row: one parallel pass that
+    writes nothing, for the large sorted batches of an eviction."""
+    n = rows.shape[0]
+    chunks = 64
+    per = (n + chunks - 1) // chunks
+    ok = np.ones(chunks, np.bool_)
+    for c in prange(chunks):
+        for i in range(c * per, min(n, (c + 1) * per)):
+            r = rows[i]
+            if (i > 0 and r <= rows[i - 1]) or r < 0 or r >= flags.shape[0] or not is_live(flags[r]):
+                ok[c] = False
+                break
+    return ok.all()
+
+
 def first_not_erasable(rows, flags):
-    """See :func:`_first_not_erasable`; a few rows (one remove) keep the GIL (:mod:`.dispatch`)."""
-    return (_first_not_erasable_small if rows.shape[0] < BATCH_MIN else _first_not_erasable)(rows, flags)
+    """See :func:`_first_not_erasable`; a few rows (one remove) keep the GIL (:mod:`.dispatch`). A
+    batch sorted by row (an eviction's) is checked in parallel, without marking its rows (two
+    serial passes of sparse read-modify-writes: 0.01-0.02 s at 5M rows)."""
+    if rows.shape[0] < BATCH_MIN:
+        return _first_not_erasable_small(rows, flags)
+    if _ascending_live(rows, flags):
+        return -1
+    return _first_not_erasable(rows, flags)

@@ -113,9 +113,9 @@ def free_extents(bits, on_segment, capacity, unit_bits, off_bits, sizes, rep_sta
             gap_seg[k], gap_start[k], gap_len[k] = c, held[c], capacity[c] - held[c]
             k += 1
     # grouped by segment, in order within each
-    by_seg, starts, lengths, _ = by_segment(gap_seg[:k], gap_start[:k], gap_len[:k], n_seg)
-    bounds = np.searchsorted(by_seg, np.arange(n_seg + 1))
-    lo, hi = bounds[:-1], bounds[1:]
+    per_segment, starts, lengths, _ = by_segment(gap_seg[:k], gap_start[:k], gap_len[:k], n_seg)
+    hi = np.cumsum(per_segment)
+    lo = hi - per_segment
     for c in range(n_seg):
         if on_segment[c]:  # held extents and gaps partition the segment
             used[c] = capacity[c] - lengths[lo[c]:hi[c]].sum()

@@ -115,22 +115,24 @@ class FreeExtents(ArrayEpoch):
             return 0
         segs, offsets, sizes = (np.ascontiguousarray(a, np.int64) for a in (segs, offsets, sizes))
         small = segs.size < BATCH_MIN  # one remove: keep the GIL (see :mod:`..kernels.dispatch`)
-        by_seg, offs, lens, ascending = (ak.by_segment_small if small else ak.by_segment)(segs, offsets, sizes,
-                                                                                          used.shape[0])
-        return self.free_grouped(by_seg, offs, lens, ascending, used, unit_bits, capacity)
+        per_segment, offs, lens, ascending = (ak.by_segment_small if small else ak.by_segment)(
+            segs, offsets, sizes, used.shape[0])
+        return self.free_grouped(per_segment, offs, lens, ascending, used, unit_bits, capacity)
 
-    def free_grouped(self, segs: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, ascending: bool,
+    def free_grouped(self, per_segment: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, ascending: bool,
                      used: np.ndarray, unit_bits: np.ndarray, capacity: np.ndarray) -> int:
-        """:meth:`free_many` of int64 extents already grouped by segment (as a slot clear returns
-        them), sorted by offset within each segment when ``ascending``."""
-        if segs.size == 0:
+        """:meth:`free_many` of int64 extents already grouped by segment in code order
+        (``per_segment[s]`` of segment s's, as a slot clear returns them), sorted by offset
+        within each segment when ``ascending``."""
+        if offsets.size == 0:
             return 0
-        if not ascending:
-            order = ak.order_by_segment_offset(segs, offsets)
-            segs, offsets, sizes = segs[order], offsets[order], sizes[order]
-        if segs.size == 1:  # one remove: a scalar check
-            self.room_for(int(segs[0]), int(self.count[segs[0]]) + 1)
+        if not ascending:  # sorted by (segment, offset): each segment's extents stay where they are
+            order = ak.order_by_segment_offset(np.repeat(np.arange(per_segment.size), per_segment), offsets)
+            offsets, sizes = offsets[order], sizes[order]
+        if offsets.size == 1:  # one remove: a scalar check
+            code = int(np.argmax(per_segment))
+            self.room_for(code, int(self.count[code]) + 1)
         else:
-            self.make_room(self.count[:used.shape[0]] + np.bincount(segs, minlength=used.shape[0]))
-        free_sorted = ak.free_sorted_small if segs.size < BATCH_MIN else ak.free_sorted
-        return int(free_sorted(segs, offsets, sizes, *self.arrays(), used, unit_bits, capacity))
+            self.make_room(self.count[:per_segment.size] + per_segment)
+        free_sorted = ak.free_sorted_small if offsets.size < BATCH_MIN else ak.free_sorted
+        return int(free_sorted(per_segment, offsets, sizes, *self.arrays(), used, unit_bits, capacity))

@@ -184,10 +184,10 @@ class MetadataStore:
     def clear_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
         """Clear replica slots and free their memory extents in one merged pass; returns bytes."""
         o, seg = self.objects, self.segments
-        segs, offs, lens, ascending, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes,
-                                                             o.replica_status, o.replica_kind, o.replica_segment,
-                                                             o.replica_offset, seg.unit_bits)
-        seg.extents.free_grouped(segs, offs, lens, bool(ascending), seg.used, seg.unit_bits, seg.capacity)
+        per_segment, offs, lens, ascending, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes,
+                                                                    o.replica_status, o.replica_kind,
+                                                                    o.replica_segment, o.replica_offset, seg.unit_bits)
+        seg.extents.free_grouped(per_segment, offs, lens, bool(ascending), seg.used, seg.unit_bits, seg.capacity)
         return int(dropped)
 
     def drop_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
@@ -221,7 +221,8 @@ class MetadataStore:
             chain = o.chains(rows).rows
             r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
             self.clear_slots(chain[r_idx], slot)
-        ok.unlink_group_members(rows, self.group_head, self.group_of.parts(), self.group_of.links(), o.flags)
+        if not self.group_of.empty:  # (no row in a group: no member list to walk)
+            ok.unlink_group_members(rows, self.group_head, self.group_of.parts(), self.group_of.links(), o.flags)
         for table in (self.group_of, self.inflight, self.soft_pins):
             table.release_rows(rows)
         self.keys.remove(rows)

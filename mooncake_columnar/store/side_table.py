@@ -41,6 +41,11 @@ class RowSideTable:
     def capacity(self) -> int:
         return self.in_use.size
 
+    @property
+    def empty(self) -> bool:
+        """No row holds a slot."""
+        return self.free_count == self.capacity
+
     def fills(self) -> dict[str, object]:
         """Every per-slot column and the value a free slot holds in it."""
         return {**{name: fill for name, (_, fill) in self.VALUES.items()}, "in_use": False, "row": -1}
@@ -77,7 +82,7 @@ class RowSideTable:
     def release_rows(self, rows: np.ndarray) -> None:
         """Free the slots ``rows`` hold (nothing to look up while no row holds one: the common
         case of the soft-pin and group tables)."""
-        if self.free_count < self.capacity:
+        if not self.empty:
             self.release(self.slots_of(rows))
 
     def slots_of(self, rows: np.ndarray) -> np.ndarray:

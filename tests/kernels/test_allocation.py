@@ -146,8 +146,10 @@ def test_a_slot_clear_returns_its_extents_grouped_by_segment_in_input_order(n, s
     want_ascending = all(a[1] < b[1] for a, b in zip(want, want[1:]) if a[0] == b[0])
     dropped_want = int(sizes[rows].sum())
 
-    segs, offs, lens, ascending, dropped = ko.clear_slots(rows, slots, allocatable, sizes, status, kind, seg,
-                                                          offset, unit_bits)
+    per_segment, offs, lens, ascending, dropped = ko.clear_slots(rows, slots, allocatable, sizes, status, kind, seg,
+                                                                 offset, unit_bits)
+    segs = np.repeat(np.arange(per_segment.size), per_segment)
+    assert per_segment.size == allocatable.size
     assert list(zip(segs.tolist(), offs.tolist(), lens.tolist())) == want
     assert bool(ascending) == want_ascending
     assert want_ascending if not shuffled else (n < 100 or not want_ascending)  # both answers are checked
