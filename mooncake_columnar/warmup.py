@@ -13,7 +13,6 @@ self-check. ``MasterService.start()``, ``StandbyService.bootstrap()`` and ``prom
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import tempfile
 import threading

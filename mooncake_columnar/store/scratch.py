@@ -6,8 +6,9 @@ every call, and its first writes fault its pages in: the eviction census's codes
 between calls, so only the first call pays. The caller owns what it gets until its next request
 of the same name: only for results used up within one call, never for anything that outlives
 it (an eviction plan that a journal keeps, a returned array). The bytes it keeps are
-:attr:`Scratch.nbytes`: once an eviction ran, 1 per object row for the census codes and 12 per
-entry of the census listing's rooms (:func:`..kernels.eviction.listing_entries`: about twice the
+:attr:`Scratch.nbytes`: once an eviction ran, 1 per object row for the census codes (resident
+only once a cycle needed every row's code: a listing census writes none) and 12 per entry of the
+census listing's rooms (:func:`..kernels.eviction.listing_entries`: about twice the
 share of rows a cycle lists, so 1.6 bytes per row at 100M rows and 5% evicted; every row of a
 master under 64K rows).
 """

@@ -179,6 +179,19 @@ def test_kth_of_many_keys_in_few_buckets():
             assert ek._kth(keys, k) == (int(part[k - 1]), k - int(np.count_nonzero(part[:k] < part[k - 1])))
 
 
+@pytest.mark.parametrize("n", [5, 3_000, 200_000])
+def test_rows_before_the_kth_take_the_first_ties_in_input_order(n):
+    """Few distinct deadlines: the k-th's ties run across many parallel chunks, and only the first
+    of them (in input order) are taken, up to k rows in all."""
+    rng = np.random.default_rng(n)
+    rows = np.sort(rng.choice(10**7, n, replace=False)).astype(np.uint32)
+    keys = rng.integers(0, 20, n)
+    for k in {1, n // 3 + 1, n // 2, n}:
+        order = np.lexsort((np.arange(n), keys))[:k]  # earliest first, ties in input order
+        got = ek._before(rows, keys, *ek._kth(keys, k))
+        assert np.array_equal(got, np.sort(rows[order]).astype(np.int64))
+
+
 def test_sampled_selection_matches_full_sort():
     rng = np.random.default_rng(3)
     n = 600_000

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mooncake_columnar.kernels import eviction as ek
 from mooncake_columnar.kernels.slot_lists import emptied_objects, set_slots
 
 pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
@@ -34,16 +33,3 @@ def test_emptied_objects_are_those_whose_chain_rows_hold_no_slot_in_use(n, width
     status[rng.random(status.shape) < 0.7] = 0
     in_use = np.bincount(owner, weights=(status[chain_rows] != 0).sum(axis=1), minlength=n) > 0
     assert np.array_equal(emptied_objects(rows, owner, chain_rows, status, 0), rows[~in_use])
-
-
-@pytest.mark.parametrize("n", [5, 3_000, 200_000])
-def test_rows_before_the_kth_take_the_first_ties_in_input_order(n):
-    """Few distinct deadlines: the k-th's ties run across many parallel chunks, and only the first
-    of them (in input order) are taken, up to k rows in all."""
-    rng = np.random.default_rng(n)
-    rows = np.sort(rng.choice(10**7, n, replace=False)).astype(np.uint32)
-    keys = rng.integers(0, 20, n)
-    for k in {1, n // 3 + 1, n // 2, n}:
-        order = np.lexsort((np.arange(n), keys))[:k]  # earliest first, ties in input order
-        got = ek._before(rows, keys, *ek._kth(keys, k))
-        assert np.array_equal(got, np.sort(rows[order]).astype(np.int64))
