@@ -13,10 +13,10 @@ import numpy as np
 from numba import prange
 
 from .chains import next_row
-from .dispatch import BATCH_MIN
 from .jit import njit
 from .prefetch import ROWS_AHEAD, prefetch
 from .slot_index import slot_value
+from .slot_lists import rows_before
 from .predicates import (is_eviction_candidate, is_evictable_memory_replica, is_grouped,
                          is_hard_pinned, is_live, is_unreadable_memory_replica, lease_expired,
                          object_has_evictable_memory_replica, slot_in_use, soft_pin_active)
@@ -395,55 +395,6 @@ def earliest_first(rows: np.ndarray, lease: np.ndarray, k: int) -> np.ndarray:
     return rows[np.argsort(lease[rows], kind="stable")][:k]  # stable: ties stay in (ascending) row order
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _count_before(keys, kth, chunks):
-    """Per chunk of ``keys``: how many are before ``kth`` and how many equal it."""
-    n = keys.shape[0]
-    per = (n + chunks - 1) // chunks
-    below = np.zeros(chunks, np.int64)
-    at = np.zeros(chunks, np.int64)
-    for c in prange(chunks):
-        b = e = 0
-        for i in range(c * per, min(n, (c + 1) * per)):
-            b += keys[i] < kth
-            e += keys[i] == kth
-        below[c], at[c] = b, e
-    return below, at
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _fill_before(rows, keys, kth, first, ties, total):
-    """Each chunk (as :func:`_count_before`'s) writes its rows before ``kth`` and its first
-    ties[c] rows at it, from first[c] on, into a fresh int64 array of ``total``."""
-    out = np.empty(total, np.int64)
-    n = keys.shape[0]
-    chunks = first.shape[0]
-    per = (n + chunks - 1) // chunks
-    for c in prange(chunks):
-        k = first[c]
-        left = ties[c]
-        for i in range(c * per, min(n, (c + 1) * per)):
-            d = keys[i]
-            if d < kth or (d == kth and left > 0):
-                left -= d == kth
-                out[k] = rows[i]
-                k += 1
-    return out
-
-
-def _before(rows: np.ndarray, keys: np.ndarray, kth: int, ties: int) -> np.ndarray:
-    """The rows whose deadline (``keys``, aligned with ``rows``) is before the k-th one, ``kth``,
-    and the first ``ties`` rows (in input order) at it, as int64: two parallel passes (count,
-    then fill each chunk's share; serially this was 0.014-0.05 s of a 100M cycle)."""
-    chunks = 1 if keys.shape[0] < BATCH_MIN else _CHUNKS  # (eviction only: a batch operation, see slot_lists)
-    below, at = _count_before(keys, kth, chunks)
-    taken = np.minimum(at, np.maximum(0, ties - (np.cumsum(at) - at)))  # the first ties, chunk by chunk
-    share = below + taken
-    first = np.zeros(chunks, np.int64)
-    np.cumsum(share[:-1], out=first[1:])
-    return _fill_before(rows, keys, kth, first, taken, int(share.sum()))
-
-
 class ListingBound(NamedTuple):
     """:func:`listing_bound`'s answer: the deadline, and the share of all rows that the sample
     puts at or below it as NO_PIN_CANDIDATE (what :func:`census_listing` will probably list)."""
@@ -495,7 +446,7 @@ def earliest_coded(codes: np.ndarray, code: int, count: int, lease: np.ndarray, 
     rows, keys = listed
     if k >= rows.size:
         return rows.astype(np.int64)  # (a copy: a census listing's rows are uint32, in a kept buffer)
-    return _before(rows, keys, *_kth(keys, k))
+    return rows_before(rows, keys, *_kth(keys, k))
 
 
 @njit(cache=True, nogil=True)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 
 from mooncake_columnar.kernels import eviction as ek
+from mooncake_columnar.kernels.slot_lists import rows_before
 from mooncake_columnar.testing.builders import soft_pins_of
 from mooncake_columnar.schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY,
                                       ST_COMPLETE)
@@ -188,7 +189,7 @@ def test_rows_before_the_kth_take_the_first_ties_in_input_order(n):
     keys = rng.integers(0, 20, n)
     for k in {1, n // 3 + 1, n // 2, n}:
         order = np.lexsort((np.arange(n), keys))[:k]  # earliest first, ties in input order
-        got = ek._before(rows, keys, *ek._kth(keys, k))
+        got = rows_before(rows, keys, *ek._kth(keys, k))
         assert np.array_equal(got, np.sort(rows[order]).astype(np.int64))
 
 
