@@ -22,6 +22,13 @@ def _chunks(n: int) -> int:
     return 1 if n < BATCH_MIN else _CHUNKS
 
 
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each chunk writes its share: the counts of the chunks before it."""
+    first = np.zeros(counts.size, np.int64)
+    np.cumsum(counts[:-1], out=first[1:])
+    return first
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def _count_set(mask, chunks):
     """Set entries of ``mask`` per chunk of its rows."""
@@ -58,8 +65,7 @@ def set_slots(rows: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarra
     pages where the system gives them), each written once."""
     chunks = _chunks(mask.shape[0])
     count = _count_set(mask, chunks)
-    first = np.zeros(chunks, np.int64)
-    np.cumsum(count[:-1], out=first[1:])
+    first = _starts(count)
     total = int(count.sum())
     out_rows, out_slots = np.empty(total, np.int64), np.empty(total, np.int64)
     _fill_set(np.ascontiguousarray(rows, np.int64), mask, chunks, first, out_rows, out_slots)
@@ -115,8 +121,7 @@ def emptied_objects(rows: np.ndarray, owner: np.ndarray, chain_rows: np.ndarray,
     chunks = _chunks(rows.size)
     owner = np.ascontiguousarray(owner, np.int64)
     count = _count_emptied(rows.size, owner, chain_rows, status, status.dtype.type(empty), chunks)
-    first = np.zeros(chunks, np.int64)
-    np.cumsum(count[:-1], out=first[1:])
+    first = _starts(count)
     out = np.empty(int(count.sum()), np.int64)
     _fill_emptied(np.ascontiguousarray(rows, np.int64), owner, chain_rows, status, status.dtype.type(empty), chunks,
                   first, out)
@@ -167,6 +172,5 @@ def rows_before(rows: np.ndarray, keys: np.ndarray, kth: int, ties: int) -> np.n
     below, at = _count_before(keys, kth, chunks)
     taken = np.minimum(at, np.maximum(0, ties - (np.cumsum(at) - at)))  # the first ties, chunk by chunk
     share = below + taken
-    first = np.zeros(chunks, np.int64)
-    np.cumsum(share[:-1], out=first[1:])
+    first = _starts(share)
     return _fill_before(rows, keys, kth, first, taken, int(share.sum()))
