@@ -380,11 +380,16 @@ def _frees_extent(r, j, allocatable, rep_kind, rep_seg):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off, unit_bits):
-    """Clear replica slots (rows[i], slots[i]); returns the memory extents they held on
-    allocatable segments as (byte offset, size) grouped by segment in code order, in input order
-    within one, with how many each segment has (what a merged free takes), whether their offsets
-    ascend within every segment, and the bytes dropped. Parallel: chunks count their extents per
+def _clear_slots_parallel(rows, mask, allocatable, sizes, rep_status, rep_kind, rep_seg, rep_off, unit_bits, offs,
+                          lens):
+    """Clear the replica slots set in ``mask`` (slot j of rows[i] where mask[i, j]: the matrix a
+    caller selects slots with, so no list of them is built first); returns the memory extents
+    they held on allocatable segments as (byte offset, size) grouped by segment in code order,
+    in (i, j) order within one, with how many each segment has (what a merged free takes),
+    whether their offsets ascend within every segment, and the bytes dropped. The extents are
+    written to the front of ``offs`` and ``lens`` (an entry per set slot at least: the caller's
+    kept buffers, see :mod:`..store.scratch`; fresh ones were 80 MB of page faults per eviction
+    of 5M objects) and returned as views of them. Parallel: chunks count their extents per
     segment, then fill their share of each segment's part. Grouping here saves the free a serial
     pass over the extents and their copies (0.06-0.1 s of an eviction of 5M objects); counts per
     segment rather than a segment per extent save it another pass and 8 bytes per extent."""
@@ -397,17 +402,16 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
         end = min(n, (c + 1) * step)
         for i in range(c * step, end):
             if i + ROWS_AHEAD < end:  # sparse rows: their misses overlap only when started early
-                prefetch(rep_kind, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
-                prefetch(rep_seg, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
-            if _frees_extent(rows[i], slots[i], allocatable, rep_kind, rep_seg):
-                at[c, rep_seg[rows[i], slots[i]]] += 1
+                prefetch(rep_kind, (rows[i + ROWS_AHEAD], 0))
+                prefetch(rep_seg, (rows[i + ROWS_AHEAD], 0))
+            for j in range(mask.shape[1]):
+                if mask[i, j] and _frees_extent(rows[i], j, allocatable, rep_kind, rep_seg):
+                    at[c, rep_seg[rows[i], j]] += 1
     per_segment = at.sum(axis=0)
     total = 0
     for g in range(nseg):  # segment by segment, chunk by chunk: each (chunk, segment)'s first position
         for c in range(chunks):
             total, at[c, g] = total + at[c, g], total
-    offs = np.empty(total, np.int64)
-    lens = np.empty(total, np.int64)
     first = np.full((chunks, nseg), -1, np.int64)  # each (chunk, segment)'s first and last offsets
     last = np.full((chunks, nseg), -1, np.int64)
     ascending = np.ones(chunks, np.bool_)
@@ -417,24 +421,27 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
         for i in range(c * step, end):
             if i + ROWS_AHEAD < end:
                 prefetch(sizes, rows[i + ROWS_AHEAD])
-                prefetch(rep_off, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
-                prefetch(rep_status, (rows[i + ROWS_AHEAD], slots[i + ROWS_AHEAD]))
-            r, j = rows[i], slots[i]
-            if _frees_extent(r, j, allocatable, rep_kind, rep_seg):
-                g = rep_seg[r, j]
-                off = np.int64(rep_off[r, j]) << unit_bits[g]  # a memory replica's: in units
-                k = at[c, g]
-                offs[k] = off
-                lens[k] = sizes[r]
-                at[c, g] = k + 1
-                if first[c, g] < 0:
-                    first[c, g] = off
-                elif off <= last[c, g]:
-                    ascending[c] = False
-                last[c, g] = off
-            dropped[c] += sizes[r]
-            rep_status[r, j] = _ST_EMPTY
-            rep_seg[r, j] = -1
+                prefetch(rep_off, (rows[i + ROWS_AHEAD], 0))
+                prefetch(rep_status, (rows[i + ROWS_AHEAD], 0))
+            r = rows[i]
+            for j in range(mask.shape[1]):
+                if not mask[i, j]:
+                    continue
+                if _frees_extent(r, j, allocatable, rep_kind, rep_seg):
+                    g = rep_seg[r, j]
+                    off = np.int64(rep_off[r, j]) << unit_bits[g]  # a memory replica's: in units
+                    k = at[c, g]
+                    offs[k] = off
+                    lens[k] = sizes[r]
+                    at[c, g] = k + 1
+                    if first[c, g] < 0:
+                        first[c, g] = off
+                    elif off <= last[c, g]:
+                        ascending[c] = False
+                    last[c, g] = off
+                dropped[c] += sizes[r]
+                rep_status[r, j] = _ST_EMPTY
+                rep_seg[r, j] = -1
     ordered = ascending.all()
     for g in range(nseg):  # and across the chunks' parts of each segment
         previous = np.int64(-1)
@@ -442,14 +449,14 @@ def _clear_slots_parallel(rows, slots, allocatable, sizes, rep_status, rep_kind,
             if first[c, g] >= 0:
                 ordered &= first[c, g] > previous
                 previous = last[c, g]
-    return per_segment, offs, lens, ordered, dropped.sum()
+    return per_segment, offs[:total], lens[:total], ordered, dropped.sum()
 
 
 _clear_slots_serial = variant(_clear_slots_parallel, "_serial")
 
 
 def clear_slots(rows, *args):
-    """See :func:`_clear_slots_parallel`; a few slots (one remove) take the serial variant that
+    """See :func:`_clear_slots_parallel`; a few rows (one remove) take the serial variant that
     keeps the GIL and wakes no worker thread (see :mod:`.dispatch`)."""
     if rows.shape[0] < BATCH_MIN:
         return _clear_slots_serial(rows, *args)

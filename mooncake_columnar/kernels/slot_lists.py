@@ -1,8 +1,8 @@
 """The lists an eviction cycle takes, each in two parallel passes (count per chunk, then each
-chunk fills its share): the rows before the k-th deadline (the plan), and the replica slots a
-plan removes and the objects it empties (the apply, from its (chain row, slot) matrices).
-Serially, or as NumPy's ``np.nonzero`` of such a matrix and the gather of its rows, they were
-0.05-0.17 s of a 5% cycle at 100M objects in which every other pass is parallel.
+chunk fills its share): the rows before the k-th deadline (the plan) and the objects a plan
+empties (the apply, from its (chain row, slot) matrix). Serially, or in NumPy, they were
+0.05-0.17 s of a 5% cycle at 100M objects in which every other pass is parallel. (The slots a
+plan removes need no list: the slot clear takes the matrix, :func:`.objects.clear_slots`.)
 """
 from __future__ import annotations
 
@@ -27,49 +27,6 @@ def _starts(counts: np.ndarray) -> np.ndarray:
     first = np.zeros(counts.size, np.int64)
     np.cumsum(counts[:-1], out=first[1:])
     return first
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _count_set(mask, chunks):
-    """Set entries of ``mask`` per chunk of its rows."""
-    n = mask.shape[0]
-    per = (n + chunks - 1) // chunks
-    count = np.zeros(chunks, np.int64)
-    for c in prange(chunks):
-        k = 0
-        for i in range(c * per, min(n, (c + 1) * per)):
-            for j in range(mask.shape[1]):
-                k += mask[i, j]
-        count[c] = k
-    return count
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _fill_set(rows, mask, chunks, first, out_rows, out_slots):
-    """Each chunk writes (rows[i], j) for its set mask[i, j] from position first[c] on."""
-    n = mask.shape[0]
-    per = (n + chunks - 1) // chunks
-    for c in prange(chunks):
-        k = first[c]
-        for i in range(c * per, min(n, (c + 1) * per)):
-            for j in range(mask.shape[1]):
-                if mask[i, j]:
-                    out_rows[k] = rows[i]
-                    out_slots[k] = j
-                    k += 1
-
-
-def set_slots(rows: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows[i], j) for every set ``mask[i, j]`` (``mask``: bool, one row per entry of ``rows``),
-    in (i, j) order: ``r, j = np.nonzero(mask); rows[r], j``. The outputs are NumPy's arrays (huge
-    pages where the system gives them), each written once."""
-    chunks = _chunks(mask.shape[0])
-    count = _count_set(mask, chunks)
-    first = _starts(count)
-    total = int(count.sum())
-    out_rows, out_slots = np.empty(total, np.int64), np.empty(total, np.int64)
-    _fill_set(np.ascontiguousarray(rows, np.int64), mask, chunks, first, out_rows, out_slots)
-    return out_rows, out_slots
 
 
 @njit(inline="always", cache=True)

@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import EngineInvariantError
 from ..kernels import objects as ok
 from ..kernels.erase_guard import first_not_erasable
-from ..kernels.slot_lists import emptied_objects, set_slots
+from ..kernels.slot_lists import emptied_objects
 from ..schema import (EMPTY_CODE, FLAG_GROUPED, KIND_LOCAL_DISK, KIND_MEMORY, MAX_CODES, ST_EMPTY, ST_PROCESSING,
                       ReplicaKind, ReplicaStatus)
 from ..validation import require_str
@@ -181,22 +181,28 @@ class MetadataStore:
         self.charge(found, +1)
 
     # ---- freeing --------------------------------------------------------------------------------
-    def clear_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
-        """Clear replica slots and free their memory extents in one merged pass; returns bytes."""
+    def clear_slots(self, rows: np.ndarray, mask: np.ndarray) -> int:
+        """Clear the replica slots set in ``mask`` (slot j of rows[i] where mask[i, j]) and free
+        their memory extents in one merged pass; returns bytes."""
         o, seg = self.objects, self.segments
-        per_segment, offs, lens, ascending, dropped = ok.clear_slots(rows, slots, seg.allocatable, o.size_bytes,
+        n = int(np.count_nonzero(mask))
+        extents = (self.scratch.array("freed extent offsets", n, np.int64),  # used up by the free below
+                   self.scratch.array("freed extent sizes", n, np.int64))
+        per_segment, offs, lens, ascending, dropped = ok.clear_slots(rows, mask, seg.allocatable, o.size_bytes,
                                                                     o.replica_status, o.replica_kind,
-                                                                    o.replica_segment, o.replica_offset, seg.unit_bits)
+                                                                    o.replica_segment, o.replica_offset, seg.unit_bits,
+                                                                    *extents)
         seg.extents.free_grouped(per_segment, offs, lens, bool(ascending), seg.used, seg.unit_bits, seg.capacity)
         return int(dropped)
 
-    def drop_slots(self, rows: np.ndarray, slots: np.ndarray) -> int:
+    def drop_slots(self, rows: np.ndarray, mask: np.ndarray) -> int:
         """:meth:`clear_slots` keeping the tenant ledger; returns bytes."""
         if rows.size == 0:
             return 0
-        touched = np.unique(self.objects.owners(rows)) if self.ledger_on else rows[:0]  # only the ledger needs them
+        touched = (np.unique(self.objects.owners(rows[mask.any(axis=1)])) if self.ledger_on  # only the ledger
+                   else rows[:0])                                                           # needs them
         self.charge(touched, -1)
-        dropped = self.clear_slots(rows, slots)
+        dropped = self.clear_slots(rows, mask)
         self.charge(touched, +1)
         return dropped
 
@@ -219,8 +225,7 @@ class MetadataStore:
             self.offloads.keep(~np.isin(self.offloads.rows, rows))
         if not slots_cleared:
             chain = o.chains(rows).rows
-            r_idx, slot = np.nonzero(o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
-            self.clear_slots(chain[r_idx], slot)
+            self.clear_slots(chain, o.replica_status[chain] != int(ReplicaStatus.UNDEFINED))
         if not self.group_of.empty:  # (no row in a group: no member list to walk)
             ok.unlink_group_members(rows, self.group_head, self.group_of.parts(), self.group_of.links(), o.flags)
         for table in (self.group_of, self.inflight, self.soft_pins):
@@ -240,7 +245,7 @@ class MetadataStore:
         """Drop the replicas an eviction plan removes and erase the objects left without any;
         returns bytes freed."""
         chains = plan.chains
-        freed = self.drop_slots(*set_slots(chains.rows, plan.removed))
+        freed = self.drop_slots(chains.rows, plan.removed)
         emptied = emptied_objects(plan.rows, chains.owner, chains.rows, self.objects.replica_status, int(ST_EMPTY))
         self.erase_rows(emptied, slots_cleared=True)
         return freed
@@ -252,8 +257,7 @@ class MetadataStore:
         o = self.objects
         status = o.replica_status[rows]
         match = (ids != 0) & (o.replica_id[rows] == ids) & (status == _REMOVED)
-        r_idx, slot = np.nonzero(match)
-        self.drop_slots(rows[r_idx], slot)
+        self.drop_slots(rows, match)
         return self.erase_emptied(np.unique(o.owners(rows[match.any(axis=1)])))
 
     def unmount_segment(self, code: int) -> None:

@@ -124,6 +124,8 @@ def test_regions_that_all_grow_again_and_again_keep_their_extents_and_the_pool_s
 @pytest.mark.parametrize("n", [7, 5000])  # the serial variant (one remove) and the parallel one
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_a_slot_clear_returns_its_extents_grouped_by_segment_in_input_order(n, shuffled):
+    """The slots set in a (row, slot) matrix are cleared, each row's in slot order; rows with
+    none, one and both slots set; unset slots keep their replicas."""
     from mooncake_columnar.kernels import objects as ko
     from mooncake_columnar.schema import KIND_LOCAL_DISK, KIND_MEMORY, ST_COMPLETE, ST_EMPTY
 
@@ -131,7 +133,7 @@ def test_a_slot_clear_returns_its_extents_grouped_by_segment_in_input_order(n, s
     rows = np.arange(n, dtype=np.int64) * 2
     if shuffled:
         rng.shuffle(rows)
-    slots = rng.integers(0, 2, n).astype(np.int64)
+    mask = rng.random((n, 2)) < 0.6
     allocatable = np.array([True, False, True, True, True])
     status = np.full((2 * n, 2), int(ST_COMPLETE), np.uint8)
     kind = np.where(rng.random((2 * n, 2)) < 0.9, int(KIND_MEMORY), int(KIND_LOCAL_DISK)).astype(np.uint8)
@@ -139,19 +141,25 @@ def test_a_slot_clear_returns_its_extents_grouped_by_segment_in_input_order(n, s
     offset = (np.arange(4 * n, dtype=np.uint32) * 3).reshape(2 * n, 2)  # grows with the row
     sizes = rng.integers(1, 100, 2 * n)
     unit_bits = np.array([0, 0, 2, 0, 1], np.uint8)
+    r_idx, slots = np.nonzero(mask)
+    set_rows = rows[r_idx]
     frees = [(int(seg[r, j]), int(offset[r, j]) << int(unit_bits[seg[r, j]]), int(sizes[r]))
-             for r, j in zip(rows.tolist(), slots.tolist()) if kind[r, j] == KIND_MEMORY and seg[r, j] >= 0
+             for r, j in zip(set_rows.tolist(), slots.tolist()) if kind[r, j] == KIND_MEMORY and seg[r, j] >= 0
              and allocatable[seg[r, j]]]
     want = sorted(frees, key=lambda e: e[0])  # stable: input order within a segment
     want_ascending = all(a[1] < b[1] for a, b in zip(want, want[1:]) if a[0] == b[0])
-    dropped_want = int(sizes[rows].sum())
+    dropped_want = int(sizes[set_rows].sum())
+    kept_status, kept_seg = status[rows][~mask], seg[rows][~mask]
 
-    per_segment, offs, lens, ascending, dropped = ko.clear_slots(rows, slots, allocatable, sizes, status, kind, seg,
-                                                                 offset, unit_bits)
+    buffers = np.full(set_rows.size + 3, -7, np.int64), np.full(set_rows.size + 3, -7, np.int64)  # longer than needed
+    per_segment, offs, lens, ascending, dropped = ko.clear_slots(rows, mask, allocatable, sizes, status, kind, seg,
+                                                                 offset, unit_bits, *buffers)
+    assert all(np.shares_memory(out, buffer) for out, buffer in zip((offs, lens), buffers))  # written in place
     segs = np.repeat(np.arange(per_segment.size), per_segment)
     assert per_segment.size == allocatable.size
     assert list(zip(segs.tolist(), offs.tolist(), lens.tolist())) == want
     assert bool(ascending) == want_ascending
     assert want_ascending if not shuffled else (n < 100 or not want_ascending)  # both answers are checked
     assert int(dropped) == dropped_want
-    assert (status[rows, slots] == ST_EMPTY).all() and (seg[rows, slots] == -1).all()
+    assert (status[set_rows, slots] == ST_EMPTY).all() and (seg[set_rows, slots] == -1).all()
+    assert np.array_equal(status[rows][~mask], kept_status) and np.array_equal(seg[rows][~mask], kept_seg)

@@ -1,24 +1,12 @@
-"""The apply's slot and object lists against the NumPy they replace."""
+"""The apply's object list against the NumPy it replaces."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mooncake_columnar.kernels.slot_lists import emptied_objects, set_slots
+from mooncake_columnar.kernels.slot_lists import emptied_objects
 
 pytestmark = pytest.mark.kernels  # also run with NUMBA_DISABLE_JIT=1 (make test)
-
-
-@pytest.mark.parametrize("n, width", [(0, 1), (7, 1), (300, 3), (9_000, 1), (20_000, 4)])
-def test_set_slots_are_nonzero_of_the_mask_with_its_rows(n, width):
-    """Few rows (one chunk) and many (parallel chunks), one slot and several."""
-    rng = np.random.default_rng(n)
-    rows = np.sort(rng.choice(10**6, n, replace=False))
-    mask = rng.random((n, width)) < 0.6
-    r_idx, slot = np.nonzero(mask)
-    got_rows, got_slots = set_slots(rows, mask)
-    assert np.array_equal(got_rows, rows[r_idx]) and np.array_equal(got_slots, slot)
-    assert got_rows.dtype == got_slots.dtype == np.int64
 
 
 @pytest.mark.parametrize("n, width", [(0, 1), (9, 2), (9_000, 1), (20_000, 3)])
