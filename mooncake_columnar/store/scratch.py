@@ -10,8 +10,7 @@ it (an eviction plan that a journal keeps, a returned array). The bytes it keeps
 only once a cycle needed every row's code: a listing census writes none) and 12 per entry of the
 census listing's rooms (:func:`..kernels.eviction.listing_entries`: about twice the
 share of rows a cycle lists, so 1.6 bytes per row at 100M rows and 5% evicted; every row of a
-master under 64K rows), and 16 per replica slot of the largest slot clear (the extents it frees:
-0.8 bytes per row at 100M rows once an eviction of 5% ran).
+master under 64K rows).
 """
 from __future__ import annotations
 

@@ -19,15 +19,13 @@ def test_scratch_hands_back_the_kept_buffer_and_grows_it_with_room_to_spare():
     assert s.nbytes == 11 * 8  # only the latest buffer of each name is kept
 
 
-_CYCLE_BUFFERS = (("census codes", np.uint8), ("census listed rows", np.uint32), ("census listed deadlines", np.int64),
-                  ("freed extent offsets", np.int64), ("freed extent sizes", np.int64))
+_CYCLE_BUFFERS = (("census codes", np.uint8), ("census listed rows", np.uint32), ("census listed deadlines", np.int64))
 
 
-def test_two_eviction_cycles_reuse_the_census_and_slot_clear_buffers(master, clocks):
-    """The census's codes, its listing of the earliest candidates and the extents the slot clear
-    frees go into the same kept buffers at every cycle, which hold a byte per row, the listing's
-    rooms (12 bytes an entry) and 16 bytes per cleared slot of the larger cycle, with an eighth
-    to spare."""
+def test_two_eviction_cycles_reuse_the_census_buffers(master, clocks):
+    """The census's codes and its listing of the earliest candidates go into the same kept
+    buffers at every cycle, which hold a byte per row and the listing's rooms (12 bytes an entry),
+    with an eighth to spare."""
     from mooncake_columnar.kernels import eviction as ek
     from mooncake_columnar.tools.synthetic import fill, mount_segments
 
@@ -42,6 +40,5 @@ def test_two_eviction_cycles_reuse_the_census_and_slot_clear_buffers(master, clo
     again = [scratch.array(name, 1, dtype).base for name, dtype in _CYCLE_BUFFERS]
     assert all(a is b for a, b in zip(again, kept))
     rows = master.objects.high_water
-    slots = max(first.evicted_objects, second.evicted_objects)  # one replica each
-    assert scratch.nbytes <= 1.125 * (rows + 12 * ek.listing_entries(rows, 1.0) + 16 * slots) + 64
+    assert scratch.nbytes <= 1.125 * (rows + 12 * ek.listing_entries(rows, 1.0)) + 64
     master.verify()
