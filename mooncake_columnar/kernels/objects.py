@@ -388,8 +388,9 @@ def _clear_slots_parallel(rows, mask, allocatable, sizes, rep_status, rep_kind, 
     in (i, j) order within one, with how many each segment has (what a merged free takes),
     whether their offsets ascend within every segment, and the bytes dropped. The extents are
     written to the front of ``offs`` and ``lens`` (an entry per set slot at least, made by the
-    caller: see :meth:`..store.metadata.MetadataStore.clear_slots`) and returned as views of them. Parallel: chunks count their extents per
-    segment, then fill their share of each segment's part. Grouping here saves the free a serial
+    caller: see :meth:`..store.metadata.MetadataStore.clear_slots`) and returned as views of
+    them. Parallel: chunks count their extents per segment, then fill their share of each
+    segment's part. Grouping here saves the free a serial
     pass over the extents and their copies (0.06-0.1 s of an eviction of 5M objects); counts per
     segment rather than a segment per extent save it another pass and 8 bytes per extent."""
     n = rows.shape[0]
