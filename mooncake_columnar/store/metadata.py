@@ -185,9 +185,10 @@ class MetadataStore:
         """Clear the replica slots set in ``mask`` (slot j of rows[i] where mask[i, j]) and free
         their memory extents in one merged pass; returns bytes."""
         o, seg = self.objects, self.segments
-        # NumPy's arrays, not the kernel's own: large ones get huge pages, so the 80 MB of a 5% eviction
-        # at 100M objects take about 40 page faults, not 20 thousand. Not kept between calls: a
-        # batch remove of every object would keep 16 bytes per slot for good.
+        # NumPy's arrays, not the kernel's own: large ones get huge pages where the system has them,
+        # so the 80 MB of a 5% eviction at 100M objects took about a thousand page faults, not 19.5
+        # thousand. Not kept between calls: a batch remove of every object would keep 16 bytes per
+        # slot for good.
         n = int(np.count_nonzero(mask))
         extents = np.empty(n, np.int64), np.empty(n, np.int64)
         per_segment, offs, lens, ascending, dropped = ok.clear_slots(rows, mask, seg.allocatable, o.size_bytes,
@@ -201,8 +202,8 @@ class MetadataStore:
         """:meth:`clear_slots` keeping the tenant ledger; returns bytes."""
         if rows.size == 0:
             return 0
-        touched = (np.unique(self.objects.owners(rows[mask.any(axis=1)])) if self.ledger_on  # only the ledger
-                   else rows[:0])                                                           # needs them
+        # the objects whose slots change: only the tenant ledger needs them
+        touched = np.unique(self.objects.owners(rows[mask.any(axis=1)])) if self.ledger_on else rows[:0]
         self.charge(touched, -1)
         dropped = self.clear_slots(rows, mask)
         self.charge(touched, +1)
