@@ -16,9 +16,9 @@ _CHUNKS = 64
 
 
 def _chunks(n: int) -> int:
-    """Parallel chunks for ``n`` entries. Only an eviction's apply calls these kernels, a batch
-    operation whose other passes are parallel too, so a few entries take one chunk of the same
-    kernels rather than serial variants that would compile as well."""
+    """Parallel chunks for ``n`` entries. Only an eviction calls these kernels (its plan and its
+    apply), a batch operation whose other passes are parallel too, so a few entries take one
+    chunk of the same kernels rather than serial variants that would compile as well."""
     return 1 if n < BATCH_MIN else _CHUNKS
 
 
