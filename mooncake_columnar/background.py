@@ -112,7 +112,9 @@ class BackgroundRunner:
 class MasterHealth:
     background: BackgroundHealth
     journal_error: str | None   # the oplog writer's terminal error, if any
+    # the last durable removal the master failed to free: its objects stay hidden, their space held
+    removal_error: str | None = None
 
     @property
     def healthy(self) -> bool:
-        return self.journal_error is None and self.background.healthy
+        return self.journal_error is None and self.removal_error is None and self.background.healthy

@@ -30,6 +30,7 @@ and their semantics; ``with lock:`` takes the path above.
 from __future__ import annotations
 
 import _thread
+from collections import deque
 from time import monotonic
 from typing import TYPE_CHECKING, Callable
 
@@ -57,7 +58,7 @@ class MasterLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; sub
     # slots, not an instance dict: an attribute of a C type's subclass is found in its instance
     # dict without the interpreter's specialised fast path (about 30 ns a load, 8 in a slot),
     # and every single-key call reads three of them
-    __slots__ = ("_meta", "waiters", "_turn_start", "_one_call", "_yielding", "_due_at", "_due", "settle")
+    __slots__ = ("_meta", "waiters", "_turn_start", "_one_call", "_yielding", "_due_at", "_due", "settle", "deferred")
 
     if TYPE_CHECKING:
         def _is_owned(self) -> bool:
@@ -74,6 +75,9 @@ class MasterLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; sub
         # what a call that may mutate the master runs first, once it holds the lock (unfinished
         # staged growth, store/growth.py); None when nothing is pending
         self.settle: Callable[[], None] | None = None
+        # changes handed over by threads that found the lock busy (run_or_defer): the next call
+        # that may mutate runs them, after ``settle``, when it is not nested in another call
+        self.deferred: deque[Callable[[], object]] = deque()
 
     def turn_up(self) -> bool:
         """True when threads wait and the current turn is used up: a thread about to take the
@@ -86,9 +90,11 @@ class MasterLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; sub
         grant leases), pending work the master must finish before it changes runs first.
         ``first``: the background round, which a client woke and waits for: it goes before
         the waiting threads."""
+        # deferred changes wait for the outermost call: a nested one runs inside a change
+        deferred = False if reading or not self.deferred else not self._is_owned()
         self._take(first)
-        if self.settle is not None and not reading:
-            self._settle()
+        if not reading and (self.settle is not None or deferred):
+            self._settle(deferred)
 
     def take_reading(self) -> None:
         """``take(reading=True)`` with its common case inline (no waiter, the background round
@@ -96,14 +102,34 @@ class MasterLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; sub
         if self.waiters or self._due_at <= monotonic() or not self.acquire(False):
             self._take(False)
 
-    def _settle(self) -> None:
+    def _settle(self, deferred: bool) -> None:
         try:
-            settle = self.settle
-            assert settle is not None  # take() and yield_turn() call this only when work is pending
-            settle()
+            if self.settle is not None:
+                self.settle()
+            if deferred:
+                self._run_deferred()
         except BaseException:
             self.leave()  # the caller's try/finally has not begun
             raise
+
+    def _run_deferred(self) -> None:
+        while self.deferred:
+            self.deferred.popleft()()
+
+    def run_or_defer(self, change: Callable[[], object]) -> None:
+        """Make ``change`` to the master now if the lock is free and no growth is pending, else
+        leave it to the next call that may mutate (:meth:`take`). Never waits: for a thread
+        whose work the holder may be waiting for (the oplog writer's durable callbacks free
+        window space a reserving holder waits for). Queued first, so a holder that leaves
+        meanwhile cannot miss it."""
+        self.deferred.append(change)
+        if self._is_owned() or not self.acquire(False):  # held by another thread, or by a call of this one
+            return
+        try:
+            if self.settle is None:  # a growth job copies the live structures: no change before it ends
+                self._run_deferred()
+        finally:
+            self.leave()
 
     def _take(self, first: bool) -> None:
         if self._due_at <= monotonic() and not self._is_owned():
@@ -160,13 +186,14 @@ class MasterLock(_thread.RLock):  # type: ignore[misc]  # final in typeshed; sub
         if not self.waiters or self._is_owned():  # (an outer call holding it keeps it)
             self.take(reading=reading)
             return
+        deferred = not reading and len(self.deferred) > 0
         with self._meta:
             self._one_call = True
             self._yielding += 1
         self._wake_head()
         self._queue(yielding=True)
-        if self.settle is not None and not reading:
-            self._settle()
+        if not reading and (self.settle is not None or deferred):
+            self._settle(deferred)
 
     def _queue(self, *, yielding: bool, first_look: bool = True, first: bool = False) -> None:
         """Queue behind the waiting threads and block until this thread holds the lock.

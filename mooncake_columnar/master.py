@@ -6,7 +6,6 @@ Single-key calls raise the typed error of their code; batch calls return int32 c
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Sequence, overload
 
@@ -101,7 +100,7 @@ class MasterService:
         self.journal: ChangeLog | None = None
         if journal is not None:
             self.journal = self._change_log(journal)
-        self._durable_removals: deque[tuple[np.ndarray, np.ndarray]] = deque()  # finalizations the lock was busy for
+        self._removal_error: str | None = None  # the last durable removal that failed to free (health)
         self.remount_fault: Callable[[str], None] | None = None  # tests: fail a remount at a named step
         self.eviction_armed = False
         self.liveness = ClientLiveness(config.client_live_ttl_s * NS_PER_S)
@@ -143,7 +142,6 @@ class MasterService:
         background thread sleeps until its next round)."""
         self._lock.take(first=True)
         try:
-            self.finish_durable_removals()
             self.expire_clients()
             now_ms = self.clocks.system_ns() // NS_PER_MS
             timeout_ms = self.config.put_start_release_timeout_s * 1000
@@ -168,9 +166,10 @@ class MasterService:
 
     def health(self) -> MasterHealth:
         """Background thread and journal state: ``healthy`` is False while the last tick failed,
-        the thread died, or the oplog writer is terminal."""
+        the thread died, the oplog writer is terminal, or a durable removal could not be freed."""
         error = self.journal.terminal_error if self.journal is not None else None
-        return MasterHealth(self._background.health(), repr(error) if error is not None else None)
+        return MasterHealth(self._background.health(), repr(error) if error is not None else None,
+                            self._removal_error)
 
     def verify(self, *, key_lookups: bool = True) -> None:
         """Self-check: raise EngineInvariantError naming the first broken structural invariant
@@ -345,21 +344,16 @@ class MasterService:
     def _finalize_removed(self, rows: np.ndarray, replica_ids: np.ndarray) -> None:
         """Durable-callback of journaled removals (the writer's thread): free what is still
         REMOVED. It never waits for the master lock, whose holder may be waiting for the very
-        window space this durability frees: when the lock is busy the work is queued, and the
-        next tick or put_start does it."""
-        if not self._lock.acquire(blocking=False):
-            self._durable_removals.append((rows, replica_ids))
-            return
-        try:
-            self.finish_durable_removals()
-            self.store.finalize_removed(rows, replica_ids)
-        finally:
-            self._lock.release()
+        window space this durability frees: when the lock is busy, or a growth job is copying
+        the structures this changes, the next call that may mutate does it first."""
+        self._lock.run_or_defer(lambda: self._free_durable(rows, replica_ids))
 
-    def finish_durable_removals(self) -> None:
-        """Free the journaled removals that became durable while the lock was busy."""
-        while self._durable_removals:
-            self.store.finalize_removed(*self._durable_removals.popleft())
+    def _free_durable(self, rows: np.ndarray, replica_ids: np.ndarray) -> None:
+        try:
+            self.store.finalize_removed(rows, replica_ids)
+        except Exception as e:  # raised on to the writer (logged) or the call that ran it; health() tells
+            self._removal_error = repr(e)
+            raise
 
     # ================================================================================ segments
     @locked

@@ -76,7 +76,6 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
     rows_out = np.full(n, -1, np.int64)
     lengths = np.diff(offsets)
     codes[(lengths == 0) | (lengths > MAX_KEY_BYTES) | (sizes <= 0)] = ErrorCode.INVALID_PARAMS
-    m.finish_durable_removals()
     s.release_discarded(now_ms)
 
     discard_ms = cfg.put_start_discard_timeout_s * 1000

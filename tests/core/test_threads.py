@@ -293,6 +293,37 @@ def test_threads_master_lock_state_is_its_slots_only() -> None:
     assert weakref.ref(lock)() is lock
 
 
+def test_threads_a_change_handed_over_runs_at_the_next_outermost_mutating_call() -> None:
+    """run_or_defer (the oplog writer's durable callbacks): at once when the lock is free and no
+    growth is pending; else queued, never waiting, for the next call that may mutate, after it
+    finished the growth, and never inside a call already running (a nested take) or a read."""
+    lock, done = MasterLock(), []
+    lock.run_or_defer(lambda: done.append("free"))
+    assert done == ["free"] and not lock.deferred
+
+    def from_another_thread(name: str) -> None:
+        th = threading.Thread(target=lambda: lock.run_or_defer(lambda: done.append(name)))
+        th.start()
+        th.join(30)
+        assert not th.is_alive()
+
+    with lock:
+        from_another_thread("busy")
+        with lock:  # a nested call: inside a change, so the handed-over one waits
+            assert done == ["free"]
+        lock.run_or_defer(lambda: done.append("own"))  # this thread holds the lock: queued too
+        assert done == ["free"]
+    lock.take(reading=True)  # a read changes nothing
+    lock.leave()
+    assert done == ["free"]
+    lock.settle = lambda: (done.append("growth finished"), setattr(lock, "settle", None))  # a growth job is copying
+    from_another_thread("during growth")  # the lock is free, but a growth is pending
+    assert done == ["free"]
+    with lock:
+        assert done == ["free", "growth finished", "busy", "own", "during growth"]
+    assert not lock.deferred
+
+
 def test_threads_busy_callers_hand_the_lock_over_per_turn_not_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """Four threads calling back to back: the lock changes hands about once per turn, not on
     every call (a release never hands it to a thread still waiting for the GIL), and every
