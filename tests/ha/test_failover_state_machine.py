@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -139,6 +140,23 @@ class Failover(RuleBasedStateMachine):
             self.writer.flush()
         except OpLogStoreUnavailable:
             pass
+
+    @rule()
+    def flush_while_a_call_holds_the_lock(self):
+        """The durable callbacks find the master lock busy: the next call that may mutate frees
+        their removals (MasterLock.run_or_defer)."""
+        errors: list[BaseException] = []
+
+        def flush() -> None:
+            try:
+                self.flush()
+            except BaseException as e:  # noqa: BLE001 - reported below, in the test's thread
+                errors.append(e)
+        with self.p.lock:
+            writer_thread = threading.Thread(target=flush)
+            writer_thread.start()
+            writer_thread.join(30)
+        assert not writer_thread.is_alive() and not errors, errors
 
     @rule()
     def tick(self):
