@@ -422,6 +422,8 @@ def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: fl
     following = m.evict(target=ratio)
     next_s = time.perf_counter() - t0
     floor_s = eviction_read_seconds(m)
+    census_floor_s = eviction_read_seconds(m, index=False)
+    index_floor_s = eviction_read_seconds(m, rows=False)
     return {
         "area": "evict",
         "objects": objects,
@@ -447,6 +449,10 @@ def bench_evict(objects: int, *, segments: int = 4, replicas: int = 1, ratio: fl
         "floor_read_seconds": floor_s,
         "ratio_to_floor": evict_s / floor_s,
         "next_cycle_ratio_to_floor": next_s / floor_s,
+        # the floor's two parts, each read alone: the census reads the rows, the key delete the index
+        "floor_census_read_seconds": census_floor_s,
+        "census_ratio_to_census_floor": report.census_s / census_floor_s,
+        "floor_index_read_seconds": index_floor_s,
         "peak_rss_bytes": peak_rss_bytes(),
     }
 

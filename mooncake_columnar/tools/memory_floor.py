@@ -89,12 +89,15 @@ def _read_rows(n, flags, lease, rep_status, rep_kind, rep_seg, rep_refcnt, table
     return sums.sum()
 
 
-def eviction_read_seconds(m: MasterService, repeats: int = 3) -> float:
-    """Seconds of the eviction floor above for ``m``; best of ``repeats``."""
+def eviction_read_seconds(m: MasterService, repeats: int = 3, *, rows: bool = True, index: bool = True) -> float:
+    """Seconds of the eviction floor above for ``m``; best of ``repeats``. ``rows=False`` or
+    ``index=False`` leaves out the row columns (the census's part) or the index table (the key
+    delete's part), so each pass of a cycle can be set beside its own floor."""
     o = m.objects
-    args = (o.high_water, o.flags, o.lease_deadline_ns, o.replica_status, o.replica_kind, o.replica_segment,
-            o.replica_refcnt, m.store.keys.table)
-    _read_rows(0, *args[1:-1], args[-1][:0])  # compiled before the clock starts (reading nothing)
+    table = m.store.keys.table
+    args = (o.high_water if rows else 0, o.flags, o.lease_deadline_ns, o.replica_status, o.replica_kind,
+            o.replica_segment, o.replica_refcnt, table if index else table[:0])
+    _read_rows(0, *args[1:-1], table[:0])  # compiled before the clock starts (reading nothing)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()

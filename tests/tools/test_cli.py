@@ -40,6 +40,10 @@ def test_bench_evict_json_has_both_cycles_and_the_read_floor(capsys):
         assert result[name] > 0, name
     # the floor reads what a cycle must read, nothing more: a cycle cannot beat it
     assert result["floor_read_seconds"] < min(result["evict_seconds"], result["next_cycle_evict_seconds"])
+    # and its parts, each read alone, set beside the passes that must read them
+    assert 0 < result["floor_census_read_seconds"] < result["evict_seconds"]
+    assert 0 < result["floor_index_read_seconds"] < result["evict_seconds"]
+    assert result["census_ratio_to_census_floor"] == result["census_seconds"] / result["floor_census_read_seconds"]
 
 
 def test_gather_floor_refuses_keys_that_are_not_stored():
