@@ -75,3 +75,11 @@ class Evict(FreshMasterBenchmark):
         return evict_s / eviction_read_seconds(self.m)
 
     track_next_cycle_ratio_to_read_floor.unit = "ratio"
+
+    def track_census_ratio_to_census_floor(self, objects: int) -> float:
+        """The census of a cycle against one parallel read of the row columns it classifies by
+        (the read floor without the key-index table: ``bench evict``'s
+        ``census_ratio_to_census_floor``)."""
+        return self.m.evict(target=RATIO).census_s / eviction_read_seconds(self.m, index=False)
+
+    track_census_ratio_to_census_floor.unit = "ratio"
