@@ -389,6 +389,14 @@ class MasterService:
             seg_policy.unmount(self, [code])
 
     @locked
+    def unmount_segment_by_id(self, segment_id: str) -> None:
+        """Unmount the segment mounted under upstream's segment id (idempotent, as upstream's
+        UnmountSegment, which names segments by id)."""
+        code = self.store.segments.code_of_id(require_str("segment_id", segment_id))
+        if code >= 0:
+            seg_policy.unmount(self, [code])
+
+    @locked
     def ping(self, client_id: str) -> PingStatus:
         """OK for a client that has remounted; NEED_REMOUNT otherwise (upstream Ping)."""
         client = require_str("client_id", client_id)
