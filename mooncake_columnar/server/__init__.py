@@ -1,1 +1,2 @@
-"""`mooncake-columnar serve`: the upstream Mooncake master protocol over the engine (coro_rpc wire, handlers, HTTP metadata and metrics)."""
+"""`mooncake-columnar serve`: upstream Mooncake master protocol over the engine (coro_rpc wire,
+handlers, HTTP metadata server, metrics)."""

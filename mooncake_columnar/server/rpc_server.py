@@ -21,7 +21,8 @@ from .struct_pack import STR, Err, Message, WireDecodeError
 
 log = logging.getLogger(__name__)
 
-REQUEST_HEADER = struct.Struct("<BBBBIIII")   # magic, version, serialize type, msg type, seq, function id, length, attach
+# magic, version, serialize type, msg type, seq, function id, length, attach
+REQUEST_HEADER = struct.Struct("<BBBBIIII")
 RESPONSE_HEADER = struct.Struct("<BBBBIII")   # magic, version, err code, msg type, seq, length, attach
 MAGIC = 21
 _ERROR_MESSAGE = Message(STR)

@@ -206,7 +206,8 @@ class Trivial(Struct):
 
     def literal(self) -> bytes:
         # two size literals (the struct's alignment and its packing alignment): n < 127 is the byte n + 129
-        return b"\xfd" + b"".join(f.literal() for f in self.fields) + bytes([self.align + 129, self.pack + 129]) + b"\xff"
+        sizes = bytes([self.align + 129, self.pack + 129])
+        return b"\xfd" + b"".join(f.literal() for f in self.fields) + sizes + b"\xff"
 
 
 class Variant(Type):

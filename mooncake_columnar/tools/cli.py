@@ -56,10 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cli.add_parser(sub)
     from . import verify_cli  # ---- verify: restore a snapshot and self-check the engine ----
     verify_cli.add_parser(sub)
+    sub.add_parser("serve", add_help=False,
+                   help="serve the upstream master protocol (takes mooncake_master's flags; serve --help lists them)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # upstream mooncake_master's gflags command line, parsed by the server itself
+        from ..server.serve import main as serve_main
+        return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 
