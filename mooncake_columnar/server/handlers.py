@@ -60,9 +60,11 @@ def key_array(keys: KeyColumn) -> pa.Array:
 class MasterHandlers:
     """Upstream's master RPCs over one MasterService; ``handler(function_id)`` finds them."""
 
-    def __init__(self, master: MasterService, *, view_version: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, master: MasterService, *, view_version: Callable[[], int] = lambda: 0,
+                 storage_config: tuple[str, bool, int] = ("", True, 0)) -> None:
         self.master = master
         self.view_version = view_version
+        self.storage_config = storage_config  # (fsdir, enable_disk_eviction, quota_bytes), upstream's flags
         self.protocols: dict[str, str] = {}  # segment name -> transport protocol its client mounted it with
         self._by_id: dict[int, tuple[Rpc, Callable[[Any], Any]]] = {
             rpc.function_id: (rpc, getattr(self, "_" + name)) for name, rpc in RPCS.items()}
@@ -114,7 +116,7 @@ class MasterHandlers:
         return ""  # no DFS tier
 
     def _GetStorageConfig(self, args: None) -> tuple:
-        return ("", True, 0)  # upstream's answer without a storage backend: no fsdir, no quota
+        return self.storage_config
 
     def _FetchTasks(self, args: tuple) -> list:
         return []  # the engine schedules no copy or move tasks

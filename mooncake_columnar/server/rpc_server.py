@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import struct
 import time
 from enum import IntEnum
@@ -77,12 +78,15 @@ class RpcServer:
     """The master's RPC port: accepts connections and serves :class:`MasterHandlers` on them."""
 
     def __init__(self, handlers: MasterHandlers, *, observer: RpcObserver | None = None,
-                 max_body_bytes: int = 256 << 20, frame_timeout_s: float = 30.0, max_connections: int = 4096) -> None:
+                 max_body_bytes: int = 256 << 20, frame_timeout_s: float = 30.0, max_connections: int = 4096,
+                 idle_timeout_s: float | None = None, tcp_no_delay: bool = True) -> None:
         self.handlers = handlers
         self.observer: RpcObserver = observer or _NoObserver()
         self.max_body_bytes = max_body_bytes
         self.frame_timeout_s = frame_timeout_s
         self.max_connections = max_connections
+        self.idle_timeout_s = idle_timeout_s  # upstream's --rpc_conn_timeout_seconds; None: idle forever
+        self.tcp_no_delay = tcp_no_delay
         self._connections: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
 
@@ -105,11 +109,17 @@ class RpcServer:
             return
         self._connections.add(writer)
         self.observer.connections(+1)
+        sock = writer.get_extra_info("socket")
+        if sock is not None and self.tcp_no_delay:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while True:
-                try:
-                    first = await reader.readexactly(1)  # an idle connection waits here without a limit
+                try:  # an idle connection waits here, without a limit unless one is set
+                    first = await asyncio.wait_for(reader.readexactly(1), self.idle_timeout_s)
                 except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                except asyncio.TimeoutError:
+                    self.observer.wire_error("idle_timeout")
                     return
                 try:
                     frame = await asyncio.wait_for(self._read_frame(first, reader), self.frame_timeout_s)

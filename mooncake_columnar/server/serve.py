@@ -12,13 +12,14 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from ..master import MasterService
-from .flags import FlagError, HelpRequested, ServeOptions, help_text, parse_flags
+from .flags import FlagError, HelpRequested, ServeOptions, parse_flags
 from .handlers import MasterHandlers
 from .http_metadata import start_metadata_server
 from .metrics_http import ServerMetrics, start_metrics_server
@@ -37,6 +38,27 @@ def engine_stats(master: MasterService) -> dict[str, float]:
             "clients": float(len(master.liveness.deadline_ns))}
 
 
+# switches the flag table accepts that this command does not run yet: refused at start, naming them
+_NOT_SERVED = {
+    "enable_ha": "leadership over etcd is not served by this command yet",
+    "enable_oplog": "the etcd oplog is not served by this command yet",
+    "enable_snapshot": "periodic snapshots are not served by this command yet",
+    "enable_snapshot_restore": "restore at start is not served by this command yet",
+}
+
+
+def unserved(options: ServeOptions) -> list[str]:
+    """Why each switched-on option this command cannot honour is refused."""
+    out = [f"--{name}=true is refused: {why}" for name, why in _NOT_SERVED.items() if getattr(options, name)]
+    if options.rpc_interface:
+        out.append(f"--rpc_interface={options.rpc_interface} is refused: bind an address with --rpc_address")
+    if options.tenant_quota_connector_uri:
+        out.append("--tenant_quota_connector_uri is refused: tenant quotas are not loaded by this command yet")
+    if options.config.enable_offload:
+        out.append("--enable_offload=true is refused: local-disk replicas are not served over the wire")
+    return out
+
+
 class MasterServer:
     """The running parts of one ``serve``: engine, RPC port, metadata server, metrics."""
 
@@ -46,8 +68,10 @@ class MasterServer:
         self.registry = CollectorRegistry()
         self.metrics = ServerMetrics(self.registry, stats=lambda: engine_stats(self.master),
                                      engine_metrics=self.master.metrics)
-        self.handlers = MasterHandlers(self.master)
-        self.rpc = RpcServer(self.handlers, observer=self.metrics)
+        self.handlers = MasterHandlers(self.master, storage_config=("", options.enable_disk_eviction,
+                                                                    options.quota_bytes))
+        self.rpc = RpcServer(self.handlers, observer=self.metrics, tcp_no_delay=options.rpc_enable_tcp_no_delay,
+                             idle_timeout_s=options.rpc_conn_timeout_seconds or None)
         self._closers: list[Any] = []
         self.rpc_port = 0
 
@@ -115,10 +139,21 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         options = parse_flags(argv)
-    except HelpRequested:
-        print(help_text())
+    except HelpRequested as e:
+        print(e.text)
         return 0
     except FlagError as e:
         print(f"mooncake-columnar serve: {e}", file=sys.stderr)
         return 2
+    refused = unserved(options)
+    if refused:
+        print("\n".join(f"mooncake-columnar serve: {r}" for r in refused), file=sys.stderr)
+        return 2
+    logging.getLogger().setLevel(options.log_level)
+    if options.log_dir:  # as glog: a log file in that directory besides stderr
+        handler = logging.FileHandler(Path(options.log_dir) / "mooncake-columnar-serve.log")
+        handler.setFormatter(logging.getLogger().handlers[0].formatter)
+        logging.getLogger().addHandler(handler)
+    for warning in options.warnings:
+        log.warning("%s", warning)
     return asyncio.run(_run(options))
