@@ -21,7 +21,7 @@ CLIENT = (11, 22)
 SEGMENT_ID = (33, 44)
 BASE, SIZE = 1 << 40, 64 << 20
 TTL_MS = 5_000
-CONFIG = (1, 0, 0, 0, None, False, [], "", [], False, 0, "", None)  # upstream ReplicateConfig defaults
+CONFIG: tuple = (1, 0, 0, 0, None, False, [], "", [], False, 0, "", None)  # upstream ReplicateConfig defaults
 SEGMENT = (SEGMENT_ID, "127.0.0.1:12345", BASE, SIZE, "127.0.0.1:12345", "tcp", "")
 
 
