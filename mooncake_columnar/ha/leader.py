@@ -72,6 +72,12 @@ class LeaderElection:
     def is_leader(self) -> bool:
         return self._lease_id is not None and not self._expired_locally()
 
+    def lease_valid(self) -> bool:
+        """Whether our lease is still good by the steady clock, without taking the lock a
+        keepalive holds through its etcd round trip: a serving path checks this on every call,
+        so it stops serving at local expiry even while etcd does not answer."""
+        return self._lease_id is not None and self.clocks.steady_ns() < self._valid_until_ns
+
     def _good_until(self, sent_at_ns: int, ttl_s: int) -> int:
         return sent_at_ns + ttl_s * NS_PER_S - self.safety_margin_ns
 

@@ -113,6 +113,12 @@ class OpLogWriter:
         return self._durable
 
     @property
+    def reserved_through(self) -> int:
+        """The last sequence id reserved so far: once it is durable, every change made before
+        this read is (a server acknowledges a call only then)."""
+        return self._next - 1
+
+    @property
     def outstanding(self) -> int:
         """Entries reserved but not yet durable (what the window bounds)."""
         with self._lock:

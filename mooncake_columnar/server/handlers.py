@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ErrorCode, InvalidParams, MooncakeError
+from ..ha.writer import OpLogWriter
 from ..kernels import wire as wk
 from ..master import MasterService
 from ..messages import DEFAULT_TENANT, ReplicateConfig
@@ -65,6 +66,7 @@ class MasterHandlers:
         self.master = master
         self.view_version = view_version
         self.storage_config = storage_config  # (fsdir, enable_disk_eviction, quota_bytes), upstream's flags
+        self.journal_writer: OpLogWriter | None = None  # HA leader: the oplog every change goes to
         self.protocols: dict[str, str] = {}  # segment name -> transport protocol its client mounted it with
         self._by_id: dict[int, tuple[Rpc, Callable[[Any], Any]]] = {
             rpc.function_id: (rpc, getattr(self, "_" + name)) for name, rpc in RPCS.items()}

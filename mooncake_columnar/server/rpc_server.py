@@ -15,8 +15,9 @@ import socket
 import struct
 import time
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
+from ..ha.writer import OpLogWriter
 from .handlers import MasterHandlers, RawBody
 from .struct_pack import STR, Err, Message, WireDecodeError
 
@@ -79,7 +80,8 @@ class RpcServer:
 
     def __init__(self, handlers: MasterHandlers, *, observer: RpcObserver | None = None,
                  max_body_bytes: int = 256 << 20, frame_timeout_s: float = 30.0, max_connections: int = 4096,
-                 idle_timeout_s: float | None = None, tcp_no_delay: bool = True) -> None:
+                 idle_timeout_s: float | None = None, tcp_no_delay: bool = True,
+                 durable_timeout_s: float = 10.0) -> None:
         self.handlers = handlers
         self.observer: RpcObserver = observer or _NoObserver()
         self.max_body_bytes = max_body_bytes
@@ -87,6 +89,9 @@ class RpcServer:
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s  # upstream's --rpc_conn_timeout_seconds; None: idle forever
         self.tcp_no_delay = tcp_no_delay
+        # HA: while this returns False (a leader past its lease) no call is served: the connection closes
+        self.gate: Callable[[], bool] | None = None
+        self.durable_timeout_s = durable_timeout_s
         self._connections: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
 
@@ -135,7 +140,18 @@ class RpcServer:
                         writer.write(frame_out)
                         await writer.drain()
                     return
-                writer.write(self.dispatch(*frame))
+                if self.gate is not None and not self.gate():
+                    self.observer.wire_error("not_leader")
+                    return
+                journal = self.handlers.journal_writer
+                before = journal.reserved_through if journal is not None else 0
+                out = self.dispatch(*frame)
+                if journal is not None and journal.reserved_through > before:
+                    # a change is acknowledged only once durable: an answer lost with the leader
+                    # is a call the client retries, an answer given for a lost change is not
+                    if not await self._durable(journal, journal.reserved_through):
+                        return
+                writer.write(out)
                 await writer.drain()
         except ConnectionError:
             pass
@@ -143,6 +159,31 @@ class RpcServer:
             self._connections.discard(writer)
             self.observer.connections(-1)
             writer.close()
+
+    async def _durable(self, journal: OpLogWriter, seq: int) -> bool:
+        """Wait until the journal made ``seq`` durable; False (nothing acknowledged) on timeout."""
+        if journal.durable_prefix >= seq:
+            return True
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def resolve() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def landed(_: int) -> None:  # on the writer's thread
+            try:
+                loop.call_soon_threadsafe(resolve)
+            except RuntimeError:  # the loop is gone: the server is shutting down
+                pass
+
+        journal.on_durable(seq, landed)
+        try:
+            await asyncio.wait_for(done, self.durable_timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            self.observer.wire_error("not_durable")
+            return False
 
     async def _read_frame(self, first: bytes, reader: asyncio.StreamReader) -> tuple[int, int, memoryview]:
         head = first + await reader.readexactly(REQUEST_HEADER.size - 1)

@@ -13,15 +13,22 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from ..clock import MonotonicClocks
+from ..errors import MooncakeError
+from ..ha.leader import LeaderElection
+from ..ha.writer import OpLogWriter
 from ..master import MasterService
+from ..metrics import Metrics
+from ..warmup import warm_up_kernels
 from .flags import FlagError, HelpRequested, ServeOptions, parse_flags
 from .handlers import MasterHandlers
 from .http_metadata import start_metadata_server
+from .leadership import Leadership
 from .metrics_http import ServerMetrics, start_metrics_server
 from .rpc_server import RpcServer
 from .rpc_types import RPCS
@@ -40,11 +47,10 @@ def engine_stats(master: MasterService) -> dict[str, float]:
 
 # switches the flag table accepts that this command does not run yet: refused at start, naming them
 _NOT_SERVED = {
-    "enable_ha": "leadership over etcd is not served by this command yet",
-    "enable_oplog": "the etcd oplog is not served by this command yet",
     "enable_snapshot": "periodic snapshots are not served by this command yet",
     "enable_snapshot_restore": "restore at start is not served by this command yet",
 }
+_WILDCARDS = ("", "0.0.0.0", "::")
 
 
 def unserved(options: ServeOptions) -> list[str]:
@@ -56,44 +62,131 @@ def unserved(options: ServeOptions) -> list[str]:
         out.append("--tenant_quota_connector_uri is refused: tenant quotas are not loaded by this command yet")
     if options.config.enable_offload:
         out.append("--enable_offload=true is refused: local-disk replicas are not served over the wire")
+    if options.enable_ha and not options.enable_oplog:
+        out.append("--enable_ha=true needs --enable_oplog=true here: a standby without the oplog would "
+                   "promote with no objects")
+    if options.enable_ha and options.rpc_address in _WILDCARDS:
+        out.append("--enable_ha=true needs --rpc_address set to the address clients dial: it is what the "
+                   "leader publishes in etcd")
     return out
 
 
+class _ServingEngineMetrics:
+    """The engine counters of whichever master serves now (a new one at every promotion)."""
+
+    def __init__(self, server: "MasterServer") -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        master = self.server.master
+        return iter(master.metrics.families()) if master is not None else iter(())
+
+
 class MasterServer:
-    """The running parts of one ``serve``: engine, RPC port, metadata server, metrics."""
+    """The running parts of one ``serve``: the engine and its RPC port (while it leads, in HA
+    mode), the metadata server and the metrics endpoint (always)."""
 
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self.master = MasterService(options.config)
+        self.master: MasterService | None = None
+        self.rpc: RpcServer | None = None
+        self.journal: OpLogWriter | None = None
+        self.election: LeaderElection | None = None
+        self.leadership: Leadership | None = None
         self.registry = CollectorRegistry()
-        self.metrics = ServerMetrics(self.registry, stats=lambda: engine_stats(self.master),
-                                     engine_metrics=self.master.metrics)
-        self.handlers = MasterHandlers(self.master, storage_config=("", options.enable_disk_eviction,
-                                                                    options.quota_bytes))
-        self.rpc = RpcServer(self.handlers, observer=self.metrics, tcp_no_delay=options.rpc_enable_tcp_no_delay,
-                             idle_timeout_s=options.rpc_conn_timeout_seconds or None)
+        self.metrics = ServerMetrics(self.registry, stats=self._stats)
+        self.registry.register(_ServingEngineMetrics(self))
         self._closers: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watchdog: asyncio.Task[None] | None = None
         self.rpc_port = 0
+
+    def _stats(self) -> dict[str, float]:
+        return engine_stats(self.master) if self.master is not None else {}
 
     async def start(self) -> None:
         o = self.options
+        self._loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         log.info("preparing the serving kernels (compiled once per machine, then loaded from the Numba cache)")
-        self.master.start()  # compiles or loads every serving-path kernel, then runs the background thread
-        warm_up_wire()
+        await asyncio.to_thread(warm_up_kernels)
+        await asyncio.to_thread(warm_up_wire)
         log.info("kernels ready in %.1f s", time.perf_counter() - t0)
         if o.enable_http_metadata_server:
             self._closers.append(await start_metadata_server(o.http_metadata_server_host,
                                                              o.http_metadata_server_port))
         self._closers.append(await start_metrics_server(o.metrics_host, o.metrics_port, self.registry))
-        self.rpc_port = await self.rpc.start(o.rpc_address, o.rpc_port)
+        if not o.enable_ha:
+            await self._serve(MasterService(o.config), None, None)
+            return
+        endpoints = [e for e in o.ha_backend_connstring.replace(",", ";").split(";") if e.strip()]
+        if len(endpoints) > 1:
+            log.warning("several etcd endpoints given: this master talks to the first, %s", endpoints[0])
+        self.leadership = Leadership(etcd_endpoint=endpoints[0].strip(), cluster_id=o.cluster_id,
+                                     candidate_id=f"{o.rpc_address}:{o.rpc_port}", config=o.config,
+                                     clocks=MonotonicClocks(), metrics=Metrics(), on_lead=self._on_lead,
+                                     max_batch_entries=o.oplog_batch_max_entries)
+        self.leadership.start()
+
+    def _on_lead(self, master: MasterService, journal: OpLogWriter, election: LeaderElection) -> None:
+        """Leadership's thread won and promoted: serve, and return once the port is open."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._serve(master, journal, election), self._loop).result(60)
+
+    async def _serve(self, master: MasterService, journal: OpLogWriter | None,
+                     election: LeaderElection | None) -> None:
+        o = self.options
+        master.start()
+        handlers = MasterHandlers(master, view_version=(lambda: election.view_version) if election else (lambda: 0),
+                                  storage_config=("", o.enable_disk_eviction, o.quota_bytes))
+        handlers.journal_writer = journal
+        rpc = RpcServer(handlers, observer=self.metrics, tcp_no_delay=o.rpc_enable_tcp_no_delay,
+                        idle_timeout_s=o.rpc_conn_timeout_seconds or None)
+        if election is not None:
+            rpc.gate = election.lease_valid
+        self.master, self.rpc, self.journal, self.election = master, rpc, journal, election
+        self.rpc_port = await rpc.start(o.rpc_address, o.rpc_port)
         log.info("master serving on %s:%d", o.rpc_address, self.rpc_port)
+        if election is not None:
+            self._watchdog = asyncio.create_task(self._watch_lease(election))
+
+    async def _watch_lease(self, election: LeaderElection) -> None:
+        while election.lease_valid():
+            await asyncio.sleep(0.05)
+        await self._stop_serving("the leader lease is no longer valid")
+        if self.leadership is not None:
+            self.leadership.lost("the leader lease is no longer valid")
+
+    async def _stop_serving(self, reason: str) -> None:
+        """Close the RPC port and every connection first, then make the journal's tail durable."""
+        rpc, master, journal = self.rpc, self.master, self.journal
+        self.rpc = None
+        if rpc is None:
+            return
+        log.info("stopping serving: %s", reason)
+        await rpc.close()
+        if master is not None:
+            master.stop()
+        if journal is not None:
+            try:
+                await asyncio.to_thread(journal.stop)
+            except MooncakeError as e:  # fenced or unreachable: what is not durable was never acknowledged
+                log.warning("oplog tail not flushed: %s", e)
+        self.master = None
 
     async def close(self) -> None:
-        await self.rpc.close()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        await self._stop_serving("shutting down")
+        election = self.election
+        if self.leadership is not None:
+            self.leadership.stop()
+        if election is not None:  # hand over at once: deleting the key lets a standby win now
+            election.stop()
+            await asyncio.to_thread(election.resign)
+            log.info("leadership released")
         for c in reversed(self._closers):
             await c.close()
-        self.master.stop()
         log.info("master stopped")
 
 
