@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -24,6 +25,8 @@ from ..ha.leader import LeaderElection
 from ..ha.writer import OpLogWriter
 from ..master import MasterService
 from ..metrics import Metrics
+from ..snapshots.manager import SnapshotManager, primary_snapshot_manager, restore_master
+from ..snapshots.repository import SnapshotRepository
 from ..warmup import warm_up_kernels
 from .flags import FlagError, HelpRequested, ServeOptions, parse_flags
 from .handlers import MasterHandlers
@@ -45,17 +48,14 @@ def engine_stats(master: MasterService) -> dict[str, float]:
             "clients": float(len(master.liveness.deadline_ns))}
 
 
-# switches the flag table accepts that this command does not run yet: refused at start, naming them
-_NOT_SERVED = {
-    "enable_snapshot": "periodic snapshots are not served by this command yet",
-    "enable_snapshot_restore": "restore at start is not served by this command yet",
-}
 _WILDCARDS = ("", "0.0.0.0", "::")
+SNAPSHOT_LOCAL_PATH_ENV = "MOONCAKE_SNAPSHOT_LOCAL_PATH"  # upstream's, for snapshot_object_store_type=local
+SNAPSHOT_S3_URI_ENV = "MOONCAKE_SNAPSHOT_S3_URI"  # ours: s3://bucket/prefix?endpoint_override=HOST:PORT&scheme=http
 
 
 def unserved(options: ServeOptions) -> list[str]:
     """Why each switched-on option this command cannot honour is refused."""
-    out = [f"--{name}=true is refused: {why}" for name, why in _NOT_SERVED.items() if getattr(options, name)]
+    out = []
     if options.rpc_interface:
         out.append(f"--rpc_interface={options.rpc_interface} is refused: bind an address with --rpc_address")
     if options.tenant_quota_connector_uri:
@@ -65,10 +65,48 @@ def unserved(options: ServeOptions) -> list[str]:
     if options.enable_ha and not options.enable_oplog:
         out.append("--enable_ha=true needs --enable_oplog=true here: a standby without the oplog would "
                    "promote with no objects")
+    if options.enable_ha and options.enable_snapshot_restore:
+        out.append("--enable_snapshot_restore=true is refused with --enable_ha: an HA master starts from the oplog")
+    if options.enable_snapshot or options.enable_snapshot_restore:
+        try:
+            snapshot_uri(options)
+        except FlagError as e:
+            out.append(str(e))
     if options.enable_ha and options.rpc_address in _WILDCARDS:
         out.append("--enable_ha=true needs --rpc_address set to the address clients dial: it is what the "
                    "leader publishes in etcd")
     return out
+
+
+def snapshot_uri(options: ServeOptions) -> str:
+    """Where snapshots live: upstream's environment variable for a local store, ours for S3."""
+    env = SNAPSHOT_LOCAL_PATH_ENV if options.snapshot_object_store_type == "local" else SNAPSHOT_S3_URI_ENV
+    uri = os.environ.get(env, "")
+    if not uri:
+        raise FlagError("snapshot_object_store_type", f"--snapshot_object_store_type="
+                        f"{options.snapshot_object_store_type} needs the environment variable {env}")
+    return uri
+
+
+def snapshot_repository(options: ServeOptions) -> SnapshotRepository:
+    return SnapshotRepository(snapshot_uri(options), options.cluster_id,
+                              backup_dir=options.snapshot_backup_dir or None)
+
+
+def restored_master(options: ServeOptions) -> MasterService:
+    """``--enable_snapshot_restore``: the newest usable snapshot, its leases mapped onto this
+    process's steady clock; an empty master only when the repository holds no snapshot at all
+    (a repository whose every snapshot fails refuses the start rather than lose them)."""
+    repo = snapshot_repository(options)
+    if not repo.list():
+        log.warning("no snapshot in %s: starting empty", repo.base)
+        return MasterService(options.config)
+    # expired leases are kept as evictable cache: dropping them would empty a cache whose leases
+    # ran out while it was down (what upstream's restore does, its issue #3761)
+    master, stats = restore_master(repo, config=options.config, snapshot_restore_drop_expired=False)
+    log.info("restored snapshot %s from %s: %d objects, %d segments (their clients remount)", stats.snapshot_id,
+             repo.base, master.object_count(), len(master.segment_usage()))
+    return master
 
 
 class _ServingEngineMetrics:
@@ -99,6 +137,7 @@ class MasterServer:
         self._closers: list[Any] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self.snapshots: SnapshotManager | None = None
         self.rpc_port = 0
 
     def _stats(self) -> dict[str, float]:
@@ -117,8 +156,16 @@ class MasterServer:
                                                              o.http_metadata_server_port))
         self._closers.append(await start_metrics_server(o.metrics_host, o.metrics_port, self.registry))
         if not o.enable_ha:
-            await self._serve(MasterService(o.config), None, None)
+            restore = o.enable_snapshot_restore
+            master = await asyncio.to_thread(restored_master, o) if restore else MasterService(o.config)
+            await self._serve(master, None, None)
+            if o.enable_snapshot:
+                self.snapshots = primary_snapshot_manager(master, snapshot_repository(o), enable_snapshot=True,
+                                                          enable_oplog=False, interval_s=o.snapshot_interval_seconds,
+                                                          retention=o.snapshot_retention_count)
             return
+        if o.enable_snapshot:  # upstream's gate: in oplog mode the primary writes no complete snapshots
+            log.info("--enable_snapshot: no complete snapshots from an HA master (the oplog is its persistence)")
         endpoints = [e for e in o.ha_backend_connstring.replace(",", ";").split(";") if e.strip()]
         if len(endpoints) > 1:
             log.warning("several etcd endpoints given: this master talks to the first, %s", endpoints[0])
@@ -177,7 +224,14 @@ class MasterServer:
     async def close(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+        snapshots, self.snapshots = self.snapshots, None
         await self._stop_serving("shutting down")
+        if snapshots is not None:  # a last snapshot once no call can change the state: a restart keeps it all
+            try:
+                await asyncio.to_thread(snapshots.snapshot_now)
+            except Exception:  # counted by the manager; the periodic ones before it stand
+                log.exception("final snapshot failed")
+            await asyncio.to_thread(snapshots.stop)
         election = self.election
         if self.leadership is not None:
             self.leadership.stop()
@@ -217,7 +271,7 @@ async def _run(options: ServeOptions) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
-    except OSError as e:
+    except (OSError, MooncakeError) as e:
         log.error("cannot start: %s", e)
         await server.close()
         return 1

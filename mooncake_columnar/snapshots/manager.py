@@ -272,6 +272,8 @@ class SnapshotManager:
                 log.info("snapshot retention deleted %s", deleted)
         metrics.inc("snapshot_success")
         metrics.set("snapshot_duration_seconds", time.perf_counter() - t0)
+        log.info("snapshot %s persisted to %s (%d bytes, %.2f s)", sid, self.repo.base, published.stored_bytes,
+                 time.perf_counter() - t0)
         return sid
 
     def _refused_v1(self, refusal: RollbackRefused, state: SnapshotState, system_ns: int, steady_ns: int) -> None:
@@ -337,8 +339,8 @@ class SnapshotManager:
         while not self._stop.wait(self.interval_s):
             try:
                 self.snapshot_now()
-            except Exception:  # counted and logged in snapshot_now; the next period retries
-                pass
+            except Exception:  # counted in snapshot_now; the next period retries
+                log.exception("periodic snapshot failed")
 
     def stop(self, *, wait: bool = True) -> None:
         """Stop the periodic thread (interrupting its wait) and the writer thread, and free the
