@@ -209,8 +209,16 @@ class MasterProcess:
         assert last is not None
         raise last
 
+    def _given_port(self, flag: str) -> int:
+        """The port ``--flag=N`` in the extra flags names, or a fresh one (a restart reuses its ports)."""
+        for f in self.extra_flags:
+            if _flag_name(f) == flag and "=" in f:
+                return int(f.split("=", 1)[1])
+        return free_port()
+
     def _start_once(self) -> None:
-        self.rpc_port, self.http_metadata_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.rpc_port, self.http_metadata_port, self.metrics_port = (
+            self._given_port(f) for f in ("rpc_port", "http_metadata_server_port", "metrics_port"))
         flags = merge_flags([
             f"--rpc_port={self.rpc_port}",
             f"--http_metadata_server_port={self.http_metadata_port}",
