@@ -14,6 +14,7 @@ import logging
 import socket
 import struct
 import time
+from collections import deque
 from enum import IntEnum
 from typing import Any, Callable, Protocol
 
@@ -63,10 +64,6 @@ class _NoObserver:
         pass
 
 
-class _CloseConnection(Exception):
-    """The peer broke the framing: answer (when possible) and close this connection."""
-
-
 def response_frame(seq: int, body: bytes, errc: int = 0) -> bytes:
     return RESPONSE_HEADER.pack(MAGIC, 0, errc, 0, seq, len(body), 0) + body
 
@@ -92,122 +89,39 @@ class RpcServer:
         # HA: while this returns False (a leader past its lease) no call is served: the connection closes
         self.gate: Callable[[], bool] | None = None
         self.durable_timeout_s = durable_timeout_s
-        self._connections: set[asyncio.StreamWriter] = set()
+        self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (port 0: any free one); returns the port."""
-        self._server = await asyncio.start_server(self._serve_connection, host, port, limit=1 << 20)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        self._sweep()
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-            for w in list(self._connections):
-                w.close()
+            for c in list(self.connections):
+                c.close()
             await self._server.wait_closed()
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._connections) >= self.max_connections:
-            self.observer.wire_error("too_many_connections")
-            writer.close()
-            return
-        self._connections.add(writer)
-        self.observer.connections(+1)
-        sock = writer.get_extra_info("socket")
-        if sock is not None and self.tcp_no_delay:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            while True:
-                try:  # an idle connection waits here, without a limit unless one is set
-                    first = await asyncio.wait_for(reader.readexactly(1), self.idle_timeout_s)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                except asyncio.TimeoutError:
-                    self.observer.wire_error("idle_timeout")
-                    return
-                try:
-                    frame = await asyncio.wait_for(self._read_frame(first, reader), self.frame_timeout_s)
-                except asyncio.TimeoutError:
-                    self.observer.wire_error("stalled_frame")
-                    return
-                except asyncio.IncompleteReadError:
-                    self.observer.wire_error("truncated_frame")
-                    return
-                except _CloseConnection as e:
-                    frame_out = e.args[1] if len(e.args) > 1 else None
-                    if frame_out:
-                        writer.write(frame_out)
-                        await writer.drain()
-                    return
-                if self.gate is not None and not self.gate():
-                    self.observer.wire_error("not_leader")
-                    return
-                journal = self.handlers.journal_writer
-                before = journal.reserved_through if journal is not None else 0
-                out = self.dispatch(*frame)
-                if journal is not None and journal.reserved_through > before:
-                    # a change is acknowledged only once durable: an answer lost with the leader
-                    # is a call the client retries, an answer given for a lost change is not
-                    if not await self._durable(journal, journal.reserved_through):
-                        return
-                writer.write(out)
-                await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            self._connections.discard(writer)
-            self.observer.connections(-1)
-            writer.close()
-
-    async def _durable(self, journal: OpLogWriter, seq: int) -> bool:
-        """Wait until the journal made ``seq`` durable; False (nothing acknowledged) on timeout."""
-        if journal.durable_prefix >= seq:
-            return True
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def resolve() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        def landed(_: int) -> None:  # on the writer's thread
-            try:
-                loop.call_soon_threadsafe(resolve)
-            except RuntimeError:  # the loop is gone: the server is shutting down
-                pass
-
-        journal.on_durable(seq, landed)
-        try:
-            await asyncio.wait_for(done, self.durable_timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            self.observer.wire_error("not_durable")
-            return False
-
-    async def _read_frame(self, first: bytes, reader: asyncio.StreamReader) -> tuple[int, int, memoryview]:
-        head = first + await reader.readexactly(REQUEST_HEADER.size - 1)
-        magic, version, serialize_type, _msg_type, seq, function_id, length, attach = REQUEST_HEADER.unpack(head)
-        if magic != MAGIC:
-            self.observer.wire_error("bad_magic")
-            raise _CloseConnection("bad magic")
-        if version != 0:
-            self.observer.wire_error("bad_version")
-            raise _CloseConnection("version", error_frame(seq, Errc.UNKNOWN_PROTOCOL_VERSION,
-                                                          f"protocol version {version} is not supported"))
-        if serialize_type != 0:
-            self.observer.wire_error("bad_serialize_type")
-            raise _CloseConnection("serialize type", error_frame(seq, Errc.PROTOCOL_ERROR,
-                                                                 f"serialize type {serialize_type} is not struct_pack"))
-        if length + attach > self.max_body_bytes:
-            self.observer.wire_error("oversize")
-            raise _CloseConnection("oversize", error_frame(seq, Errc.MESSAGE_TOO_LARGE,
-                                                           f"body of {length + attach} bytes is over the limit"))
-        body = await reader.readexactly(length) if length else b""
-        if attach:  # the master protocol sends no attachments: read past it, then refuse the call
-            await reader.readexactly(attach)
-            function_id = -1
-        return seq, function_id, memoryview(body)
+    def _sweep(self) -> None:
+        """Close connections whose frame stalled (or that idled past the idle timeout): one timer
+        for the whole server, not one per frame."""
+        now = time.monotonic()
+        for c in list(self.connections):
+            if c.frame_started is not None and now - c.frame_started > self.frame_timeout_s:
+                self.observer.wire_error("stalled_frame")
+                c.close()
+            elif self.idle_timeout_s is not None and now - c.last_active > self.idle_timeout_s and not c.pending:
+                self.observer.wire_error("idle_timeout")
+                c.close()
+        period = min(self.frame_timeout_s, self.idle_timeout_s or self.frame_timeout_s) / 4
+        self._sweeper = asyncio.get_running_loop().call_later(min(period, 1.0), self._sweep)
 
     def dispatch(self, seq: int, function_id: int, body: memoryview) -> bytes:
         found = self.handlers.handler(function_id)
@@ -236,3 +150,167 @@ class RpcServer:
             return error_frame(seq, Errc.RPC_THROW_EXCEPTION, f"{rpc.name}: internal error {type(e).__name__}")
         self.observer.observe(rpc.name, time.perf_counter() - t0, ok)
         return response_frame(seq, out)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: frames parsed from what arrived, served in order as they complete.
+
+    A response that waits for durability holds back the ones after it (the client matches by
+    sequence number, but in order is what upstream's server does too)."""
+
+    def __init__(self, server: RpcServer) -> None:
+        self.server = server
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.frame_started: float | None = None  # when the first bytes of an unfinished frame came
+        self.last_active = time.monotonic()
+        self.pending: deque[list[Any]] = deque()  # [future or None, frame] answers not yet sent, in order
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            server.observer.wire_error("too_many_connections")
+            self.closed = True
+            transport.close()
+            return
+        server.connections.add(self)
+        server.observer.connections(+1)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and server.tcp_no_delay:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.observer.connections(-1)
+        self.closed = True
+        self.pending.clear()
+
+    def eof_received(self) -> bool:
+        if self.buf:  # the peer ended inside a frame
+            self.server.observer.wire_error("truncated_frame")
+        return False  # close our side too
+
+    def close(self, last: bytes | None = None) -> None:
+        """Close this connection (after ``last``, an error frame, when given)."""
+        if self.closed or self.transport is None:
+            return
+        self.closed = True
+        if last:
+            self.transport.write(last)
+        self.transport.close()
+
+    # flow control: a peer that does not read its answers stops being read
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.buf += data
+        self.last_active = time.monotonic()
+        try:
+            self._serve_frames()
+        except Exception:  # never let one connection's frame take the loop down
+            log.exception("connection failed")
+            self.close()
+
+    def _serve_frames(self) -> None:
+        server, buf = self.server, self.buf
+        head = REQUEST_HEADER.size
+        while not self.closed and len(buf) >= head:
+            magic, version, serialize_type, _msg_type, seq, function_id, length, attach = \
+                REQUEST_HEADER.unpack_from(buf)
+            refusal = self._refusal(magic, version, serialize_type, seq, length + attach)
+            if refusal is not None:
+                server.observer.wire_error(refusal[0])
+                self.close(refusal[1])
+                return
+            end = head + length + attach
+            if len(buf) < end:
+                break
+            body = memoryview(bytes(buf[head:head + length]))
+            del buf[:end]
+            if attach:  # the master protocol sends no attachments: refuse the call
+                function_id = -1
+            if server.gate is not None and not server.gate():
+                server.observer.wire_error("not_leader")
+                self.close()
+                return
+            self._answer(seq, function_id, body)
+        self.frame_started = (self.frame_started or time.monotonic()) if buf else None
+
+    def _refusal(self, magic: int, version: int, serialize_type: int, seq: int,
+                 length: int) -> tuple[str, bytes | None] | None:
+        if magic != MAGIC:
+            return "bad_magic", None
+        if version != 0:
+            return "bad_version", error_frame(seq, Errc.UNKNOWN_PROTOCOL_VERSION,
+                                              f"protocol version {version} is not supported")
+        if serialize_type != 0:
+            return "bad_serialize_type", error_frame(seq, Errc.PROTOCOL_ERROR,
+                                                     f"serialize type {serialize_type} is not struct_pack")
+        if length > self.server.max_body_bytes:
+            return "oversize", error_frame(seq, Errc.MESSAGE_TOO_LARGE, f"body of {length} bytes is over the limit")
+        return None
+
+    def _answer(self, seq: int, function_id: int, body: memoryview) -> None:
+        server = self.server
+        journal = server.handlers.journal_writer
+        before = journal.reserved_through if journal is not None else 0
+        out = server.dispatch(seq, function_id, body)
+        waiting: asyncio.Future[None] | None = None
+        if journal is not None and journal.reserved_through > before:
+            # a change is acknowledged only once durable: an answer lost with the leader is a
+            # call the client retries, an answer given for a lost change is not
+            waiting = self._durable(journal, journal.reserved_through)
+        if waiting is None and not self.pending:
+            assert self.transport is not None
+            self.transport.write(out)
+            return
+        self.pending.append([waiting, out])
+
+    def _durable(self, journal: OpLogWriter, seq: int) -> asyncio.Future[None] | None:
+        """A future done once ``seq`` is durable (None: it already is); past the durable
+        timeout the connection closes with nothing acknowledged."""
+        if journal.durable_prefix >= seq:
+            return None
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def resolve() -> None:
+            if not done.done():
+                done.set_result(None)
+                self._send_ready()
+
+        def landed(_: int) -> None:  # on the writer's thread
+            try:
+                loop.call_soon_threadsafe(resolve)
+            except RuntimeError:  # the loop is gone: the server is shutting down
+                pass
+
+        def expired() -> None:
+            if not done.done():
+                self.server.observer.wire_error("not_durable")
+                self.close()
+
+        journal.on_durable(seq, landed)
+        loop.call_later(self.server.durable_timeout_s, expired)
+        return done
+
+    def _send_ready(self) -> None:
+        while self.pending and not self.closed:
+            waiting, out = self.pending[0]
+            if waiting is not None and not waiting.done():
+                return
+            self.pending.popleft()
+            assert self.transport is not None
+            self.transport.write(out)
