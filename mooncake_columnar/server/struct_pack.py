@@ -43,10 +43,6 @@ class Type:
     def decode(self, buf: memoryview, pos: int, width: int) -> tuple[Any, int]:
         raise NotImplementedError
 
-    def max_size(self, value: Any) -> int:
-        """The largest string or container length in ``value`` (decides the size width)."""
-        return 0
-
 
 def _need(buf: memoryview, pos: int, n: int) -> None:
     if n < 0 or pos + n > len(buf):
@@ -119,9 +115,6 @@ class Str(Type):
         except UnicodeDecodeError:
             raise WireDecodeError(f"string at offset {pos} is not UTF-8") from None
 
-    def max_size(self, value: Any) -> int:
-        return len(value.encode()) if isinstance(value, str) else len(value)
-
 
 STR = Str()
 
@@ -147,9 +140,6 @@ class Vec(Type):
             out.append(v)
         return out, pos
 
-    def max_size(self, value: Any) -> int:
-        return max([len(value), *(self.item.max_size(v) for v in value)])
-
 
 class Opt(Type):
     def __init__(self, item: Type) -> None:
@@ -168,9 +158,6 @@ class Opt(Type):
     def decode(self, buf: memoryview, pos: int, width: int) -> tuple[Any, int]:
         has, pos = BOOL.decode(buf, pos, width)
         return self.item.decode(buf, pos, width) if has else (None, pos)
-
-    def max_size(self, value: Any) -> int:
-        return 0 if value is None else self.item.max_size(value)
 
 
 class Struct(Type):
@@ -192,9 +179,6 @@ class Struct(Type):
             v, pos = f.decode(buf, pos, width)
             out.append(v)
         return tuple(out), pos
-
-    def max_size(self, value: Any) -> int:
-        return max((f.max_size(v) for f, v in zip(self.fields, value, strict=True)), default=0)
 
 
 class Trivial(Struct):
@@ -229,9 +213,6 @@ class Variant(Type):
             raise WireDecodeError(f"variant index {index} of {len(self.alternatives)} at offset {pos}")
         v, pos = self.alternatives[index].decode(buf, pos + 1, width)
         return (index, v), pos
-
-    def max_size(self, value: Any) -> int:
-        return self.alternatives[value[0]].max_size(value[1])
 
 
 class Void(Type):
@@ -279,9 +260,6 @@ class Expected(Type):
         code, pos = self.error.decode(buf, pos, width)
         return Err(code), pos
 
-    def max_size(self, value: Any) -> int:
-        return 0 if isinstance(value, Err) else self.item.max_size(value)
-
 
 @dataclass(frozen=True)
 class KeyColumn:
@@ -317,11 +295,6 @@ class KeyVec(Vec):
     def encode(self, value: Any, width: int, out: bytearray) -> None:  # tests and warm-up: per key
         super().encode(self._rows(value), width, out)
 
-    def max_size(self, value: Any) -> int:
-        if isinstance(value, KeyColumn):
-            return max(len(value), int(np.diff(value.offsets).max(initial=0)))
-        return super().max_size(value)
-
 
 @dataclass(frozen=True)
 class MetaColumn:
@@ -355,9 +328,6 @@ class MetaVec(Vec):
     def encode(self, value: Any, width: int, out: bytearray) -> None:
         super().encode(self._rows(value), width, out)
 
-    def max_size(self, value: Any) -> int:
-        return super().max_size(self._rows(value))
-
 
 class U64Vec(Vec):
     """vector<u64> as a NumPy array (a view of the body)."""
@@ -373,9 +343,6 @@ class U64Vec(Vec):
     def encode(self, value: Any, width: int, out: bytearray) -> None:
         out += len(value).to_bytes(width, "little")
         out += np.asarray(value, "<u8").tobytes()
-
-    def max_size(self, value: Any) -> int:
-        return len(value)
 
 
 # ---------------------------------------------------------------------------------- messages
@@ -405,11 +372,21 @@ class Message:
     def prologue(self, width: int) -> bytes:
         return self._prologues[width]
 
-    def encode(self, value: Any) -> bytes:
-        width = width_for(self.type.max_size(value))
-        out = bytearray(self.prologue(width))
+    def encode_at(self, value: Any, width: int) -> bytes:
+        """The body with ``width``-byte size fields; OverflowError when a length does not fit."""
+        out = bytearray(self._prologues[width])
         self.type.encode(value, width, out)
         return bytes(out)
+
+    def encode(self, value: Any) -> bytes:
+        # the narrowest size width that fits, found by trying: a size field too narrow for its
+        # length raises OverflowError (int.to_bytes), so the usual message is written once
+        for width in _WIDTHS:
+            try:
+                return self.encode_at(value, width)
+            except OverflowError:
+                continue
+        raise ValueError("a length does not fit a size field")
 
     def body_start(self, body: memoryview) -> tuple[int, int]:
         """Check a body's hash and literal against this type: (payload offset, size width)."""
