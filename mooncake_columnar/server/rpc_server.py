@@ -168,8 +168,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # a stream transport (uvloop's is no subclass)
         server = self.server
         if len(server.connections) >= server.max_connections:
             server.observer.wire_error("too_many_connections")
