@@ -8,6 +8,7 @@ from .messages import BatchResult, ObjectInfo, ReplicaDescriptor, ReplicateConfi
 from .schema import (NEVER_LEASED, NO_DEADLINE, ObjectDataType, PingStatus, ReplicaKind, ReplicaStatus,
                      SoftPinAction)
 from .store.segments import Segment
+from . import warmup  # noqa: F401  (registers the warm-up MasterService.start runs: see warm_up_hook.py)
 
 __all__ = [
     "BatchResult", "Clocks", "ErrorCode", "ManualClocks", "MasterConfig", "MasterService", "MonotonicClocks",

@@ -8,7 +8,7 @@ changes is that other threads' calls may now come between two chunks.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
 import numpy as np
 
@@ -19,9 +19,24 @@ from .store.growth import StagedGrowth
 from .validation import require_str
 
 if TYPE_CHECKING:
-    from .master import MasterService
+    from .clock import Clocks
+    from .store.metadata import MetadataStore
 
 T = TypeVar("T")
+
+
+class Batched(Protocol):
+    """The service (master.py: MasterService, which runs its batch calls through this module) as
+    the growth and read helpers here see it."""
+
+    @property
+    def lock(self) -> MasterLock: ...
+    @property
+    def store(self) -> MetadataStore: ...
+    @property
+    def clocks(self) -> Clocks: ...
+    @property
+    def lease_ttl_ns(self) -> int: ...  # the read lease a read grants
 
 CHUNK_TARGET_S = 0.004  # a chunk holds the lock about this long
 FIRST_CHUNK = 8192      # keys in a batch's first chunk (later ones adapt to CHUNK_TARGET_S)
@@ -74,7 +89,7 @@ def run_in_chunks(lock: MasterLock, n: int, step: Callable[[int, int], T], *,
         lo = hi
 
 
-def grow_ahead(m: "MasterService", rows: int, key_bytes: int) -> None:
+def grow_ahead(m: Batched, rows: int, key_bytes: int) -> None:
     """Before a batch chunk that may add ``rows`` objects with ``key_bytes`` of keys: make their
     room (column growth, index rehash, arena growth or compaction, in-flight slots) in steps taken in lock
     turns of their own, readers going between them, not inside the chunk's one turn; a
@@ -82,7 +97,8 @@ def grow_ahead(m: "MasterService", rows: int, key_bytes: int) -> None:
     lock = m.lock
     lock.take()  # (finishes a growth another batch left pending)
     try:
-        jobs = m.objects.growth_jobs(rows) + m.keys.growth_jobs(rows, key_bytes) + m.inflight.growth_jobs(rows)
+        s = m.store
+        jobs = s.objects.growth_jobs(rows) + s.keys.growth_jobs(rows, key_bytes) + s.inflight.growth_jobs(rows)
         if not jobs:
             return
         staged = StagedGrowth(jobs)
@@ -108,15 +124,16 @@ def grow_ahead(m: "MasterService", rows: int, key_bytes: int) -> None:
         lock.leave()
 
 
-def grow_if_short(m: "MasterService", rows: int, key_bytes: int) -> None:
+def grow_if_short(m: Batched, rows: int, key_bytes: int) -> None:
     """:func:`grow_ahead` when some table is short of room for ``rows`` more objects; read
     without the lock (a hint: the call still grows whatever is left under the lock). For single
     puts: the one that crosses a threshold at 10M objects would copy ~1 GB in its turn."""
-    if m.objects.growth_jobs(rows) or m.keys.growth_jobs(rows, key_bytes) or m.inflight.growth_jobs(rows):
+    s = m.store
+    if s.objects.growth_jobs(rows) or s.keys.growth_jobs(rows, key_bytes) or s.inflight.growth_jobs(rows):
         grow_ahead(m, rows, key_bytes)
 
 
-def read_in_chunks(m: "MasterService", offsets: np.ndarray, data: np.ndarray, tenant_id: str, *,
+def read_in_chunks(m: Batched, offsets: np.ndarray, data: np.ndarray, tenant_id: str, *,
                    want_replicas: bool) -> list[tuple[int, tuple[np.ndarray, ReplicaColumns | None]]]:
     """The batch reads (get, exist) in chunks: each chunk looks its keys up, classifies them
     (read leases granted) and, with ``want_replicas``, gathers the readable replicas' columns,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from .policies.eviction import EvictionPlan
+    from .store.eviction_plan import EvictionPlan
     from .store.metadata import MetadataStore
     from .store.segments import Segment
 

@@ -7,7 +7,8 @@ first call on a quiet 2-core host, the put's kernel about half of it. So the fir
 helper that runs a put_end and a get of an absent key on a throwaway master: that compiles the
 very kernels, with the very signatures, this process's own put_end and get take (the same API
 code builds their arguments), and Numba writes them to the cache. The put waits for the helper
-before it returns; the later calls load the kernels (milliseconds).
+before it returns; the later calls load the kernels (milliseconds). What the helper runs is the
+service's (master.py, above this module): the put policy passes it in.
 
 Only where it can help: ``fork`` exists, the process may run on two CPUs or more, the JIT is
 on, the cache is on disk, the get kernel is neither compiled in this process nor in the cache,
@@ -32,7 +33,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numba
-import numpy as np
 from numba.core.compiler_lock import global_compiler_lock
 
 from .kernels import reads
@@ -157,9 +157,10 @@ def why_not() -> str | None:
     return None
 
 
-def start_for_first_put() -> Helper | None:
-    """At a put, before its kernel runs: the helper when one is worth forking (see the module
-    doc), else None. The caller waits for it (:meth:`Helper.wait`) once its own kernel ran."""
+def start_for_first_put(body: Callable[[], None]) -> Helper | None:
+    """At a put, before its kernel runs: the helper running ``body`` when one is worth forking
+    (see the module doc), else None. The caller waits for it (:meth:`Helper.wait`) once its own
+    kernel ran. ``body`` comes from the service (master.py), which this module sits below."""
     global _tried
     if _tried:  # every put but a process's first: one flag test
         return None
@@ -170,34 +171,7 @@ def start_for_first_put() -> Helper | None:
         _record(HelperRun(f"not run: {reason}"))
         return None
     try:
-        return fork_helper(_compile_put_end_and_get)
+        return fork_helper(body)
     except OSError as e:  # no process or descriptor to spare: the put compiles alone, as without it
         _record(HelperRun(f"not run: could not start it ({e})"))
         return None
-
-
-def _compile_put_end_and_get() -> None:
-    """put_ends and a get of an absent key on a throwaway master: each runs its kernel in full (a
-    kernel compiles for its argument types, whatever the key's fate). The order matters: first
-    what the put needs next (its in-flight slot index). The first put_end names a tenant no put
-    named yet, so its lookup ends before the key index and only the completion kernels compile
-    (about 0.6 s). By then the put beside it has compiled and cached the key index's hash and
-    probe, which the get and the second put_end (its lookup kernel) load instead of compiling
-    them again."""
-    from .config import MasterConfig
-    from .errors import ObjectNotFound
-    from .master import MasterService
-    from .messages import DEFAULT_TENANT
-
-    m = MasterService(MasterConfig())
-    m.mount_segment("helper", endpoint="127.0.0.1:1", client_id="helper", base=1 << 40, size=1 << 26)
-    calls = (lambda: m.store.inflight.take(np.zeros(0, np.int64)),  # the put's in-flight slot index
-             lambda: m.put_end("absent", client_id="helper"),
-             lambda: m.store.tenants.code(DEFAULT_TENANT),  # named from here on
-             lambda: m.get_replica_list("absent"),
-             lambda: m.put_end("absent", client_id="helper"))
-    for call in calls:
-        try:
-            call()
-        except ObjectNotFound:
-            pass

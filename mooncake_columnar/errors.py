@@ -393,7 +393,7 @@ class SnapshotDecompressionLimit(SnapshotPayloadFieldError):
     the stored size, or the configured maximum); refused before the output is allocated."""
 
 
-# --- decoded-state domains (snapshots/state.py, ha/apply.py) ----------------------------------
+# --- decoded-state domains (store/snapshot_state.py, ha/apply.py) ----------------------------------
 
 
 class SnapshotFieldError(SnapshotIntegrityError):

@@ -18,7 +18,7 @@ from .batching import grow_ahead, grow_if_short, joined_codes, joined_results, r
 from .changelog import ChangeLog, ChangeLogSink
 from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
 from .config import MasterConfig
-from .errors import ErrorCode, InvalidParams, SegmentAlreadyExists
+from .errors import ErrorCode, InvalidParams, ObjectNotFound, SegmentAlreadyExists
 from .integrity import verify_engine
 from .locking import MasterLock
 from .messages import (DEFAULT_TENANT, BatchResult, ObjectInfo, ReplicaDescriptor, ReplicaKind, ReplicaStatus,
@@ -29,7 +29,8 @@ from .policies import offload, puts, removal, views
 from .policies import segments as seg_policy
 from .policies.discard import discard_expired_puts
 from .policies.recovery import RemountReport
-from .policies.segments import ClientLiveness, require_client
+from .policies.segments import require_client
+from .policies.service import ClientLiveness
 from .policies.views import ReplicaColumns
 from .schema import OBJECTS_ARROW_SCHEMA, PingStatus
 from .store.arrow_export import export_tables
@@ -47,7 +48,7 @@ from .validation import (
     single_key,
     validate_tenant,
 )
-from .warmup import warm_up_kernels
+from .warm_up_hook import warm_up
 
 # the one descriptor of a single-key get, built in get_replica_list itself: ReplicaDescriptor(...)
 # without the Python frame of the NamedTuple's generated __new__, nor one of a helper (a call is
@@ -56,8 +57,8 @@ _new_descriptor = tuple.__new__
 _MEMORY, _MEMORY_KIND, _COMPLETE = int(ReplicaKind.MEMORY), ReplicaKind.MEMORY, ReplicaStatus.COMPLETE
 
 if TYPE_CHECKING:
-    from .ha.replica_ids import ReplicaIdIndex
-    from .snapshots.state import SnapshotState
+    from .store.replica_ids import ReplicaIdIndex
+    from .store.snapshot_state import SnapshotState
 
 
 def _store_attribute(name: str, doc: str) -> property:
@@ -93,7 +94,7 @@ class MasterService:
                                    offload_limit=config.offloading_queue_limit)
         self._single_reader = SingleKeyReader(self.store)  # get_replica_list/exist_key's kernel and columns
         # a standby container only: the replica ids its objects hold, kept by oplog apply
-        # (ha/replica_ids.py); None on a serving master
+        # (store/replica_ids.py); None on a serving master
         self.standby_replica_ids: "ReplicaIdIndex | None" = None
         self.metrics = Metrics()
         # HA primary: operations go to the change log; removals free space only once durable
@@ -158,7 +159,7 @@ class MasterService:
         """Run tick() on a background thread every ``interval_s`` (upstream: 10 ms). A failing
         tick is logged, counted and reported by ``health()``; the next ticks still run. The
         serving-path kernels are compiled first (once per process), never under the lock later."""
-        warm_up_kernels()
+        warm_up()  # warmup.warm_up_kernels (registered: it exercises this class, so it sits above it)
         self._background.start(interval_s)
 
     def stop(self) -> None:
@@ -219,7 +220,8 @@ class MasterService:
         offsets, data = single_key(key)
         size = require_int("size", size, 1)
         codes, rows = puts.start(self, offsets, data, np.array([size], np.int64),
-                                 require_client(self.config, client_id), config)
+                                 require_client(self.config, client_id), config,
+                                 helper_body=_compile_put_end_and_get)
         raise_code(int(codes[0]), f"put_start {key!r}")
         return views.descriptors(self.store, int(rows[0]), readable_only=False)
 
@@ -237,7 +239,8 @@ class MasterService:
         client = require_client(self.config, client_id)
 
         def chunk(lo: int, hi: int) -> tuple[np.ndarray, ReplicaColumns]:
-            codes, rows = puts.start(self, offsets[lo:hi + 1], data, sizes[lo:hi], client, config)
+            codes, rows = puts.start(self, offsets[lo:hi + 1], data, sizes[lo:hi], client, config,
+                                     helper_body=_compile_put_end_and_get)
             return codes, views.replica_columns(self.store, np.flatnonzero(codes == 0), rows, lo)
 
         return joined_results(run_in_chunks(
@@ -522,3 +525,26 @@ class MasterService:
         if arr.null_count:
             raise InvalidParams("keys must not contain nulls")
         return arr
+
+
+def _compile_put_end_and_get() -> None:
+    """What the first put's compile helper (compile_helper.py) runs in its forked process:
+    put_ends and a get of an absent key on a throwaway master: each runs its kernel in full (a
+    kernel compiles for its argument types, whatever the key's fate). The order matters: first
+    what the put needs next (its in-flight slot index). The first put_end names a tenant no put
+    named yet, so its lookup ends before the key index and only the completion kernels compile
+    (about 0.6 s). By then the put beside it has compiled and cached the key index's hash and
+    probe, which the get and the second put_end (its lookup kernel) load instead of compiling
+    them again."""
+    m = MasterService(MasterConfig())
+    m.mount_segment("helper", endpoint="127.0.0.1:1", client_id="helper", base=1 << 40, size=1 << 26)
+    calls = (lambda: m.store.inflight.take(np.zeros(0, np.int64)),  # the put's in-flight slot index
+             lambda: m.put_end("absent", client_id="helper"),
+             lambda: m.store.tenants.code(DEFAULT_TENANT),  # named from here on
+             lambda: m.get_replica_list("absent"),
+             lambda: m.put_end("absent", client_id="helper"))
+    for call in calls:
+        try:
+            call()
+        except ObjectNotFound:
+            pass

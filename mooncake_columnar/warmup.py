@@ -8,7 +8,8 @@ its own throwaway objects: a journaled primary (single-key and batch calls, larg
 the parallel kernels too), eviction and background ticks, a standby that follows, bootstraps from
 a standby snapshot and promotes, remounts, a complete snapshot written and restored, and the
 self-check. ``MasterService.start()``, ``StandbyService.bootstrap()`` and ``promote()`` call it
-(promote before it fences); ``mooncake-columnar warmup`` does it at image build time.
+(promote before it fences) through warm_up_hook.py, since they sit below this module;
+``mooncake-columnar warmup`` does it at image build time.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Iterator
+
+from . import warm_up_hook
 
 log = logging.getLogger(__name__)
 
@@ -167,3 +170,7 @@ def _promote_and_remount(store, config, clocks, standby_snapshots) -> None:
         promoted.remount_segments(f"client-{i}", [segment_request(promoted, i)])
     promoted.batch_get_replica_list(synthetic_keys(0, 16))
     promoted.verify()
+
+
+# the service, standby and snapshot manager run it through the hook: they sit below this module
+warm_up_hook.register(warm_up_kernels)

@@ -8,13 +8,13 @@ the store (``MetadataStore.insert_objects``, which a restore uses too). No deadl
 from an entry: applied objects hold NEVER_LEASED / NO_DEADLINE (RFC Phase 1).
 
 Before a run mutates anything, its inserts are validated on their columns by the checks a
-snapshot state's go through (:mod:`..snapshots.state`: every field in its domain, extents inside
+snapshot state's go through (:mod:`..store.snapshot_state`: every field in its domain, extents inside
 their segments and unit-aligned) and their extents are taken from the segments' free lists,
 which apply keeps exact on the standby (the engine's frees skip segments that take no
 allocations): an extent that overlaps one the standby already holds, or another of the run, is
 refused, typed (:class:`~mooncake_columnar.errors.OpLogInvalidEntry`, naming the entry), and the
 standby is left as it was before the run. Likewise a replica id that another object holds (the
-standby's replica-id index, :mod:`.replica_ids`, less the ids of the objects the run erases or
+standby's replica-id index, :mod:`..store.replica_ids`, less the ids of the objects the run erases or
 replaces) or that two inserts of the run share. Apply keeps that index exact: every path by which it
 changes the held replicas (the run's erase and insert, a segment unmount) updates it.
 """
@@ -33,12 +33,12 @@ from ..kernels import hashing as hk
 from ..kernels import id_set
 from ..schema import (FLAG_HARD_PINNED, FLAG_LIVE, FLAG_SOFT_PIN_ENABLED, KIND_MEMORY, NEVER_LEASED, NO_DEADLINE,
                       ST_COMPLETE, ST_EMPTY)
-from ..snapshots.state import check_next_id, check_object_columns, check_replica_columns, check_segments
 from ..store.inserts import NewObjects
 from ..store.keys import string_buffers
+from ..store.replica_ids import ReplicaIdIndex, held_ids
 from ..store.segments import Segment, segments_table
+from ..store.snapshot_state import check_next_id, check_object_columns, check_replica_columns, check_segments
 from .oplog import OpLogBatch, OpLogColumns, OpType, SegmentPayload
-from .replica_ids import ReplicaIdIndex, held_ids
 
 if TYPE_CHECKING:
     from ..master import MasterService
@@ -180,7 +180,7 @@ def _check_ids_free(ids: ReplicaIdIndex, freed: np.ndarray, new_ids: np.ndarray,
 def _validate_puts(m: MasterService, run: OpLogColumns, puts: np.ndarray, p: np.ndarray, reps: np.ndarray,
                    rep_put: np.ndarray, counts: np.ndarray, seq0: int) -> None:
     """The run's objects and replicas checked as a snapshot state's are, on their columns,
-    against the standby's segments (:mod:`..snapshots.state`: every field in its domain, extents
+    against the standby's segments (:mod:`..store.snapshot_state`: every field in its domain, extents
     inside their segments and on their units, ids unique...): a SnapshotFieldError becomes
     OpLogInvalidEntry naming the entry. Overlaps are left to _take_extents, which carves every
     new extent out of free space."""

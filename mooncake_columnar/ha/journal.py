@@ -29,7 +29,7 @@ from .writer import OpLogWriter, Reservation
 
 if TYPE_CHECKING:
     from ..changelog import RemovalFinalizer
-    from ..policies.eviction import EvictionPlan
+    from ..store.eviction_plan import EvictionPlan
     from ..store.metadata import MetadataStore
 
 _REMOVED = int(ReplicaStatus.REMOVED)

@@ -61,11 +61,11 @@ from ..snapshots.standby import (
     StandbySnapshot,
     StandbySnapshotStore,
 )
-from ..snapshots.state import SnapshotState, with_usage
-from ..warmup import warm_up_kernels
+from ..store.replica_ids import ReplicaIdIndex
+from ..store.snapshot_state import SnapshotState, with_usage
+from ..warm_up_hook import warm_up
 from .apply import STANDBY_SEGMENT_BASE, apply_batch
 from .oplog import OpLogBatch
-from .replica_ids import ReplicaIdIndex
 from .writer import OpLogWriter
 from .stores import OpLogStore
 
@@ -129,7 +129,7 @@ def master_of_standby(snap: StandbySnapshot, *, config: MasterConfig | None = No
     """A fresh container master holding a decoded standby snapshot: its engine state passes
     SnapshotState.validate (extent overlaps included), the key index and the engine self-check
     (``MasterService.verify``); any failure raises a typed error and leaves no engine behind.
-    The container gets its replica-id index (ha/replica_ids.py), which oplog apply keeps."""
+    The container gets its replica-id index (store/replica_ids.py), which oplog apply keeps."""
     state = state_of_standby(snap).validate(check_unique_keys=False, check_overlaps=True)
     try:
         master = MasterService.from_state(state, config=config, clocks=clocks, segments_readable=False,
@@ -212,7 +212,7 @@ class StandbyService:
         standby follows the oplog alone if it still reaches sequence id 1, else
         NoUsableStandbySnapshot names what was tried. No snapshot at all: the oplog alone.
         Compiles the serving-path kernels first, so the promoted master never compiles."""
-        warm_up_kernels()
+        warm_up()
         with self._lock:
             self._check_usable()
             if self.applied_sequence_id or self._master.object_count():
@@ -405,7 +405,7 @@ class StandbyService:
         clocks = clocks if clocks is not None else self.clocks
         timeout_ns = int(timeout_s * NS_PER_S)
         self._check_usable()
-        warm_up_kernels()  # before the fence: the first remount must not compile in its window
+        warm_up()  # before the fence: the first remount must not compile in its window
         self._catch_up(clocks, timeout_ns, poll_interval_s)
         claim = view if view is not None else self.store.producer_view() + 1
         self.store.set_producer_view(claim)  # from here the deposed primary's appends fail

@@ -48,7 +48,7 @@ Checks, in order:
 * ``tenant_ledger`` (multi-tenant mode): pending/committed equal a from-scratch charge of every
   LIVE row (store.ledger.TenantLedger.charge).
 * ``replica_id_unique``: no replica id is used twice.
-* ``standby_replica_ids`` (a standby container): its replica-id index (ha/replica_ids.py) holds
+* ``standby_replica_ids`` (a standby container): its replica-id index (store/replica_ids.py) holds
   exactly the ids of the held replicas.
 """
 from __future__ import annotations
@@ -65,11 +65,11 @@ from .rows import (check_groups, check_inflight, check_ledger, check_replica_ids
                    check_segment_registry)
 
 if TYPE_CHECKING:
-    from ..master import MasterService
+    from .engine import Engine
 
 
 # ================================================================================ entry point
-def verify_engine(m: "MasterService", *, key_lookups: bool = True) -> None:
+def verify_engine(m: "Engine", *, key_lookups: bool = True) -> None:
     """Raise EngineInvariantError naming the first broken invariant (caller holds the lock).
     ``key_lookups=False`` leaves out the ``index_slot`` / ``index_lookup`` pass: for an engine
     whose key index was just bulk-built from its rows (kernels/index_load.py inserts each LIVE
@@ -88,7 +88,7 @@ def verify_engine(m: "MasterService", *, key_lookups: bool = True) -> None:
               partial(check_soft_pins, m), partial(check_groups, m))
     after = [partial(check_ledger, m), partial(check_replica_ids, m)]
     if m.standby_replica_ids is not None:
-        after.append(partial(m.standby_replica_ids.verify, m))
+        after.append(partial(m.standby_replica_ids.verify, m.store))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-verify") as pool:
         other = pool.submit(_run, tables)
         first = _run((extents,))

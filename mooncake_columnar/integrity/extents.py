@@ -13,7 +13,7 @@ from ..kernels.predicates import memory_replica_on_mask
 from .report import MEM, EMPTY, fail, row_name, seg_name
 
 if TYPE_CHECKING:
-    from ..master import MasterService
+    from .engine import Engine
 
 
 # ================================================================================ replica slots
@@ -72,43 +72,43 @@ def _slot_pass(hw, owned, status, kind, seg, off, size, rep_id, next_id, mounted
     return _SLOT_OK, -1, -1, ascending
 
 
-def _mounted_mask(m: "MasterService") -> np.ndarray:
-    s = m.segments
+def _mounted_mask(m: "Engine") -> np.ndarray:
+    s = m.store.segments
     mounted = np.zeros(max(1, len(s.info)), np.bool_)
     mounted[[c for c, i in enumerate(s.info) if i is not None]] = True
     return mounted
 
 
-def check_slots(m: "MasterService", owned: np.ndarray | None = None) -> np.ndarray:
+def check_slots(m: "Engine", owned: np.ndarray | None = None) -> np.ndarray:
     """Every in-use slot and discarded extent; returns the per-segment ascending flags.
     ``owned``: the rows that may hold slots (from check_rows, which runs it when not given)."""
     if owned is None:
         from .rows import check_rows
         owned = check_rows(m)
-    o, s = m.objects, m.segments
+    o, s = m.store.objects, m.store.segments
     mounted = _mounted_mask(m)
     n = mounted.size
     problem, r, j, ascending = _slot_pass(
         o.high_water, owned, o.replica_status, o.replica_kind, o.replica_segment, o.replica_offset,
-        o.size_bytes, o.replica_id, np.uint64(m.next_replica_id), mounted, s.capacity[:n], s.unit_bits[:n])
+        o.size_bytes, o.replica_id, np.uint64(m.store.next_replica_id), mounted, s.capacity[:n], s.unit_bits[:n])
     if problem:
         code = int(o.replica_segment[r, j])
         fail(_SLOT_CHECKS[problem],
               f"{row_name(m, r)} slot {j}: status {int(o.replica_status[r, j])}, kind "
               f"{int(o.replica_kind[r, j])}, replica id {int(o.replica_id[r, j])} (next "
-              f"{m.next_replica_id}), {seg_name(m, code)}, offset column {int(o.replica_offset[r, j])}, "
+              f"{m.store.next_replica_id}), {seg_name(m, code)}, offset column {int(o.replica_offset[r, j])}, "
               f"size {int(o.size_bytes[r])}")
     check_discarded(m, mounted)
     return ascending
 
 
-def check_discarded(m: "MasterService", mounted: np.ndarray) -> None:
+def check_discarded(m: "Engine", mounted: np.ndarray) -> None:
     """The pending extents of abandoned puts obey the memory-slot rules (a few, vectorised)."""
     d = m.store.discarded
     seg, off, size = d.seg, d.off, d.size
     if not seg.size:
         return
-    s = m.segments
+    s = m.store.segments
     valid = (seg >= 0) & (seg < mounted.size)
     on = np.where(valid, seg, 0)
     bad = {"replica_segment": ~valid | ~mounted[on],
@@ -289,11 +289,11 @@ def _tile_sorted(starts, ends, bounds, capacity, allocatable, f_off, f_end, f_bo
     return err
 
 
-def check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def check_free_lists(m: "Engine") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Each mounted segment's free list on its own. Returns the free extents of allocatable
     segments as flat (starts, ends, per-segment bounds) for the tiling walk (a region lookup
     per replica would cost more than the walk itself), and the free bytes per segment code."""
-    s = m.segments
+    s = m.store.segments
     n = max(1, len(s.info))
     free = np.zeros(n, np.int64)
     starts, ends = [np.zeros(0, np.int64)] * n, [np.zeros(0, np.int64)] * n
@@ -323,9 +323,9 @@ def check_free_lists(m: "MasterService") -> tuple[np.ndarray, np.ndarray, np.nda
     return np.concatenate(starts), np.concatenate(ends), bounds, free
 
 
-def _sorted_discarded(m: "MasterService", n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sorted_discarded(m: "Engine", n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Discarded extents as (offsets, held ends, per-segment bounds), sorted by (segment, offset)."""
-    s = m.segments
+    s = m.store.segments
     d = m.store.discarded
     seg = d.seg.astype(np.int64)
     order = np.lexsort((d.off, seg))
@@ -334,8 +334,8 @@ def _sorted_discarded(m: "MasterService", n: int) -> tuple[np.ndarray, np.ndarra
     return off, end.astype(np.int64), np.searchsorted(seg, np.arange(n + 1)).astype(np.int64)
 
 
-def check_allocators(m: "MasterService", ascending: np.ndarray) -> None:
-    o, s = m.objects, m.segments
+def check_allocators(m: "Engine", ascending: np.ndarray) -> None:
+    o, s = m.store.objects, m.store.segments
     f_off, f_end, f_bounds, free = check_free_lists(m)
     n = free.size
     d_off, d_end, d_bounds = _sorted_discarded(m, n)
@@ -366,7 +366,7 @@ def check_allocators(m: "MasterService", ascending: np.ndarray) -> None:
             fail("segment_used", f"{seg_name(m, code)}: used {used} + free {int(free[code])} != capacity {c}")
 
 
-def _tiling_message(m: "MasterService", kind: int, code: int, at: int) -> str:
+def _tiling_message(m: "Engine", kind: int, code: int, at: int) -> str:
     if kind == _T_GAP:
         return f"{seg_name(m, code)}: offset {at} is neither held nor free"
     rows = _rows_at(m, code, at)
@@ -375,9 +375,9 @@ def _tiling_message(m: "MasterService", kind: int, code: int, at: int) -> str:
     return f"{seg_name(m, code)}: {what} at offset {at} ({who})"
 
 
-def _rows_at(m: "MasterService", code: int, at: int) -> np.ndarray:
+def _rows_at(m: "Engine", code: int, at: int) -> np.ndarray:
     """Rows holding a memory extent of segment ``code`` that covers byte ``at`` (error path)."""
-    o, s = m.objects, m.segments
+    o, s = m.store.objects, m.store.segments
     hw = o.high_water
     seg, off = o.replica_segment[:hw], o.replica_offset[:hw].astype(np.int64) << s.unit_bits[code]
     end = off + o.size_bytes[:hw, None]

@@ -14,7 +14,7 @@ from ..schema import FLAG_LIVE
 from .report import CHUNKS, ROW_MASK, fail, row_name
 
 if TYPE_CHECKING:
-    from ..master import MasterService
+    from .engine import Engine
 
 
 # ================================================================================ key index
@@ -150,17 +150,17 @@ def _scan_index(table, tags, hw, key_refs, row_tenant, arena):
     return count.sum(), -1, _IX_OK
 
 
-def check_key_index(m: "MasterService", *, lookups: bool = True) -> None:
+def check_key_index(m: "Engine", *, lookups: bool = True) -> None:
     """The index's count and every LIVE row's key reference; with ``lookups``, also that every
     index slot names a LIVE row found by its own key (a pass that hashes every key and walks the
     table: the most expensive check of verify_engine)."""
-    o, k = m.objects, m.keys
+    o, k = m.store.objects, m.store.keys
     hw = o.high_water
     if k.count != o.live_count:
         fail("index_count", f"key index count {k.count} != live_count {o.live_count}")
     if not 0 <= k.arena_used <= k.arena.size:
         fail("key_ref", f"arena_used {k.arena_used} outside the arena of {k.arena.size} bytes")
-    r = _check_key_refs(hw, o.flags, o.key_ref, o.tenant, k.arena_used, len(m.tenants))
+    r = _check_key_refs(hw, o.flags, o.key_ref, o.tenant, k.arena_used, len(m.store.tenants))
     if r >= 0:
         fail("key_ref", f"row {r}: key_ref {int(o.key_ref[r]):#x} / tenant code {int(o.tenant[r])} "
                          f"outside the arena ({k.arena_used} bytes) or the tenant dictionary")

@@ -19,12 +19,12 @@ from .report import MEM, COMPLETE, EMPTY, PROCESSING, fail, row_name, seg_name
 _SOFT_PIN_FLAGS = int(SOFT_PIN_FLAGS)
 
 if TYPE_CHECKING:
-    from ..master import MasterService
+    from .engine import Engine
 
 
 # ================================================================================ segments, rows
-def check_segment_registry(m: "MasterService") -> None:
-    s = m.segments
+def check_segment_registry(m: "Engine") -> None:
+    s = m.store.segments
     for code, info in enumerate(s.info):  # one iteration per segment code
         if info is None:
             if s.used[code] or s.extents.count[code] or s.allocatable[code]:
@@ -78,11 +78,11 @@ def _claim_chains(hw, flags, more, cont_owner, sizes, claimed):
     return 0, -1
 
 
-def check_chains(m: "MasterService") -> np.ndarray:
+def check_chains(m: "Engine") -> np.ndarray:
     """Replica chains (kernels/chains.py): each continuation row belongs to exactly one LIVE
     object's chain, names it and carries its size; no other row links anywhere. Returns the
     continuation rows as a mask over [0, high_water)."""
-    o = m.objects
+    o = m.store.objects
     hw = o.high_water
     claimed = np.zeros(hw, np.bool_)
     if not o.replica_more.size:
@@ -112,10 +112,10 @@ def check_chains(m: "MasterService") -> np.ndarray:
     return claimed
 
 
-def check_rows(m: "MasterService") -> np.ndarray:
+def check_rows(m: "Engine") -> np.ndarray:
     """Free stack, live and continuation rows; returns the rows that may hold replica slots
     (LIVE rows and their continuation rows) as a mask over [0, high_water)."""
-    o = m.objects
+    o = m.store.objects
     hw = o.high_water
     live = int(np.count_nonzero(o.flags[:hw] & FLAG_LIVE))
     if live != o.live_count:
@@ -200,8 +200,8 @@ def _check_side_table(t: RowSideTable, what: str) -> None:
         fail(f"{what}_index", f"row index holds {indexed.size} slots, not the {in_use} in-use ones")
 
 
-def check_inflight(m: "MasterService") -> None:
-    t, o = m.inflight, m.objects
+def check_inflight(m: "Engine") -> None:
+    t, o = m.store.inflight, m.store.objects
     _check_side_table(t, "inflight")
     cap = t.in_use.size
     claims = np.zeros(cap, np.int32)
@@ -240,8 +240,8 @@ def _pin_rows(hw, flags, index, owner):
     return (0, -1) if stray < 0 else (2, stray)
 
 
-def check_soft_pins(m: "MasterService") -> None:
-    t, o = m.store.soft_pins, m.objects
+def check_soft_pins(m: "Engine") -> None:
+    t, o = m.store.soft_pins, m.store.objects
     _check_side_table(t, "soft_pin")
     hw = o.high_water
     problem, r = _pin_rows(hw, o.flags, t.index, t.row)
@@ -307,12 +307,12 @@ def _walk_groups(group_head, group_next, flags, group, members, hw):
     return 0, -1
 
 
-def check_groups(m: "MasterService") -> None:
-    o = m.objects
+def check_groups(m: "Engine") -> None:
+    o = m.store.objects
     hw = o.high_water
     n_groups = len(m.store.group_names)
-    if len(m.groups) != n_groups or m.group_head.size < n_groups:
-        fail("group_head", f"{len(m.groups)} group codes, {n_groups} names, {m.group_head.size} heads")
+    if len(m.store.groups) != n_groups or m.store.group_head.size < n_groups:
+        fail("group_head", f"{len(m.store.groups)} group codes, {n_groups} names, {m.store.group_head.size} heads")
     members = np.zeros(max(1, n_groups), np.int64)
     indegree = np.zeros(hw, np.int32)
     t = m.store.group_of
@@ -340,10 +340,10 @@ def check_groups(m: "MasterService") -> None:
         if bad.size:
             r = int(bad[0])
             fail("group_link", f"{row_name(m, r)} has {int(indegree[r])} predecessors in its group list")
-    problem, g = _walk_groups(m.group_head, group_next, o.flags, group, members[:n_groups], hw)
+    problem, g = _walk_groups(m.store.group_head, group_next, o.flags, group, members[:n_groups], hw)
     if problem:
         name = m.store.group_names[g] if g < n_groups else "?"
-        what = (f"head {int(m.group_head[g])} is not a LIVE member" if problem == 1
+        what = (f"head {int(m.store.group_head[g])} is not a LIVE member" if problem == 1
                 else f"the {int(members[g])} members are not one circular list")
         fail("group_head" if problem == 1 else "group_link", f"group {g} ({name!r}): {what}")
 
@@ -373,11 +373,11 @@ def _ledger_sums(hw, flags, tenant, size, status, kind, more, n_tenants):
     return pending, committed, -1
 
 
-def check_ledger(m: "MasterService") -> None:
+def check_ledger(m: "Engine") -> None:
     if not m.config.enable_multi_tenants:
         return
-    o, ledger = m.objects, m.ledger
-    n = max(len(m.tenants), ledger.pending.size, ledger.committed.size)
+    o, ledger = m.store.objects, m.store.ledger
+    n = max(len(m.store.tenants), ledger.pending.size, ledger.committed.size)
     pending, committed, r = _ledger_sums(o.high_water, o.flags, o.tenant, o.size_bytes, o.replica_status,
                                          o.replica_kind, o.replica_more, n)
     if r >= 0:
@@ -389,7 +389,7 @@ def check_ledger(m: "MasterService") -> None:
         bad = np.flatnonzero(have != want)
         if bad.size:
             t = int(bad[0])
-            who = repr(m.tenants.name(t)) if t < len(m.tenants) else f"code {t}"
+            who = repr(m.store.tenants.name(t)) if t < len(m.store.tenants) else f"code {t}"
             fail("tenant_ledger", f"tenant {who}: {name} is {int(have[t])}, its LIVE rows hold {int(want[t])}")
 
 
@@ -411,12 +411,12 @@ def _first_duplicate_id(hw, status, rep_id, words):
     return -1, -1
 
 
-def check_replica_ids(m: "MasterService") -> None:
-    o = m.objects
+def check_replica_ids(m: "Engine") -> None:
+    o = m.store.objects
     hw = o.high_water
     in_use = int(np.count_nonzero(o.replica_status[:hw]))
-    if m.next_replica_id <= 64 * (in_use + (1 << 20)):  # a bitmap of at most ~8 bytes per replica
-        r, j = _first_duplicate_id(hw, o.replica_status, o.replica_id, (m.next_replica_id + 63) // 64)
+    if m.store.next_replica_id <= 64 * (in_use + (1 << 20)):  # a bitmap of at most ~8 bytes per replica
+        r, j = _first_duplicate_id(hw, o.replica_status, o.replica_id, (m.store.next_replica_id + 63) // 64)
         if r < 0:
             return
     else:  # ids spread far wider than the replicas: sort instead

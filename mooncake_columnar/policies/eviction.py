@@ -15,48 +15,11 @@ import numpy as np
 
 from ..clock import INT64_MAX
 from ..kernels import eviction as ek
-from ..store.objects import Chains
+from ..store.eviction_plan import EvictionPlan  # lives in the store, which drops plans; still importable here
 from .offload import offload_instead
 
 if TYPE_CHECKING:
-    from ..master import MasterService
-
-
-@dataclass(frozen=True)
-class EvictionPlan:
-    """What one eviction decision removes, before anything is freed (the oplog hook).
-
-    ``removed[k, j]`` marks replica slot j of row ``chains.rows[k]`` (object ``rows[i]``'s row or
-    a continuation row of it, i = chains.owner[k]) that eviction drops; ``remaining[k, j]`` the
-    slots that stay (PUT_END(remaining) or, when none, REMOVE).
-    """
-
-    rows: np.ndarray
-    chains: Chains
-    removed: np.ndarray
-    remaining: np.ndarray
-
-    @property
-    def erased(self) -> np.ndarray:
-        """Rows left without any replica: the whole object goes."""
-        return self.rows[~self.chains.any(self.remaining)]
-
-    def part(self, lo: int, hi: int) -> "EvictionPlan":
-        """The plan for ``rows[lo:hi]`` (slices: chain rows are grouped by object, in order)."""
-        a, b = np.searchsorted(self.chains.owner, (lo, hi))
-        return EvictionPlan(self.rows[lo:hi], Chains(self.chains.owner[a:b] - lo, self.chains.rows[a:b], hi - lo),
-                            self.removed[a:b], self.remaining[a:b])
-
-    def subset(self, objects: np.ndarray) -> "EvictionPlan":
-        """The plan for ``rows[objects]`` only (a boolean mask or ascending indices)."""
-        take = np.zeros(self.rows.size, np.bool_)
-        take[objects] = True
-        if take.all():
-            return self
-        on = take[self.chains.owner]
-        owner = (np.cumsum(take) - 1)[self.chains.owner[on]]
-        return EvictionPlan(self.rows[take], Chains(owner, self.chains.rows[on], int(take.sum())),
-                            self.removed[on], self.remaining[on])
+    from .service import Service
 
 
 @dataclass(frozen=True)
@@ -77,13 +40,13 @@ class EvictionReport:
     apply_s: float = 0.0
 
 
-def memory_used_ratio(m: "MasterService") -> float:
+def memory_used_ratio(m: "Service") -> float:
     seg = m.store.segments
     cap = int(seg.capacity[seg.allocatable].sum())
     return float(seg.used[seg.allocatable].sum()) / cap if cap else 0.0
 
 
-def eviction_targets(m: "MasterService") -> tuple[float, float] | None:
+def eviction_targets(m: "Service") -> tuple[float, float] | None:
     """Upstream trigger: (target, lower) when above the high watermark or armed, else None."""
     cfg = m.config
     used = memory_used_ratio(m)
@@ -107,7 +70,7 @@ class _Planner:
     same lock classifies every row the same.
     """
 
-    def __init__(self, m: "MasterService", now: int, tenant: int = -1, first_ratio: float | None = None) -> None:
+    def __init__(self, m: "Service", now: int, tenant: int = -1, first_ratio: float | None = None) -> None:
         """``first_ratio``: the first pass takes that share of the base, so the census also
         lists the candidates that pass is likely to need (no second pass over every row)."""
         self.m = m
@@ -221,14 +184,14 @@ class _Planner:
         return EvictionPlan(rows, chains, removed, remaining).subset(keep)
 
 
-def first_pass_plan(m: "MasterService", target: float) -> EvictionPlan:
+def first_pass_plan(m: "Service", target: float) -> EvictionPlan:
     """What a first pass at ``target`` would remove, without removing it."""
     planner = _Planner(m, m.clocks.steady_ns(), first_ratio=target)
     planner.take(ek.NO_PIN_CANDIDATE, math.ceil(planner.base * target), allow_soft=False)
     return planner.plan()
 
 
-def batch_evict(m: "MasterService", target: float, lower: float) -> EvictionReport:
+def batch_evict(m: "Service", target: float, lower: float) -> EvictionReport:
     """Upstream BatchEvict(target, lower) with one ``now``; the caller holds the master lock."""
     t0 = time.perf_counter()
     lower = min(lower, target)
@@ -267,7 +230,7 @@ def batch_evict(m: "MasterService", target: float, lower: float) -> EvictionRepo
     return report
 
 
-def evict_tenant_for_quota(m: "MasterService", tenant: int, deficit_bytes: int) -> int:
+def evict_tenant_for_quota(m: "Service", tenant: int, deficit_bytes: int) -> int:
     """Free at least ``deficit_bytes`` of one tenant's expired objects; returns bytes freed."""
     now = m.clocks.steady_ns()
     allow_soft = m.config.allow_evict_soft_pinned_objects
@@ -281,7 +244,7 @@ def evict_tenant_for_quota(m: "MasterService", tenant: int, deficit_bytes: int) 
     return freed
 
 
-def apply_eviction(m: "MasterService", plan: EvictionPlan) -> tuple[int, int, int]:
+def apply_eviction(m: "Service", plan: EvictionPlan) -> tuple[int, int, int]:
     """Drop planned replicas (offloading instead where configured; with a journal: hidden now,
     freed once durable, a full window stopping the cycle); returns (objects evicted, bytes
     freed, offloads queued)."""

@@ -16,11 +16,11 @@ from ..store.metadata import MetadataStore
 from .segments import require_client
 
 if TYPE_CHECKING:
-    from ..master import MasterService
-    from .eviction import EvictionPlan
+    from .service import Service
+    from ..store.eviction_plan import EvictionPlan
 
 
-def offload_instead(m: "MasterService", plan: "EvictionPlan") -> tuple["EvictionPlan", int]:
+def offload_instead(m: "Service", plan: "EvictionPlan") -> tuple["EvictionPlan", int]:
     """Upstream try_evict_or_offload: objects without a LOCAL_DISK copy queue an offload of
     their first evictable memory replica (pinned by refcnt) instead of losing it."""
     o, chains, offloads = m.store.objects, plan.chains, m.store.offloads
@@ -54,7 +54,7 @@ def offload_tasks(store: MetadataStore) -> pa.Table:
                      "replica_id": q.replica_ids, "size": o.size_bytes[q.rows]})
 
 
-def complete_offload(m: "MasterService", row: int, client_id: str, what: str) -> None:
+def complete_offload(m: "Service", row: int, client_id: str, what: str) -> None:
     """The client copied the object at ``row`` (-1: not found) to local disk: add its
     LOCAL_DISK replica (journaled, or not added at all) and unpin the source."""
     s = m.store

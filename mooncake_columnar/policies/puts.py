@@ -3,7 +3,7 @@ replica width, and put_end (journaled: a range of keys completes only once its e
 window space)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from ..validation import require_bool, require_int, require_str, validate_tenant
 from . import eviction as ev
 
 if TYPE_CHECKING:
-    from ..master import MasterService
+    from .service import Service
 
 
 def resolve_put_config(store: MetadataStore, cfg: MasterConfig, config: ReplicateConfig) -> tuple[int, int, int]:
@@ -63,9 +63,11 @@ def resolve_soft_pin(cfg: MasterConfig, config: ReplicateConfig) -> int:
     return ttl
 
 
-def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.ndarray, client: str,
-          config: ReplicateConfig) -> tuple[np.ndarray, np.ndarray]:
-    """put_start of the keys ``offsets``/``data``: per key, the code and the new row (-1)."""
+def start(m: "Service", offsets: np.ndarray, data: np.ndarray, sizes: np.ndarray, client: str,
+          config: ReplicateConfig, *, helper_body: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:
+    """put_start of the keys ``offsets``/``data``: per key, the code and the new row (-1).
+    ``helper_body``: what the forked helper of a process's first put runs meanwhile
+    (compile_helper.py): calls of the service, which passes it."""
     s, cfg = m.store, m.config
     tenant, flags, pending_ttl_ns = resolve_put_config(s, cfg, config)
     client_code = s.clients.code(client)  # before any change: a full dictionary refuses the put
@@ -100,7 +102,7 @@ def start(m: "MasterService", offsets: np.ndarray, data: np.ndarray, sizes: np.n
         return codes, rows_out
     width = replica_width(s, config.replica_num, offsets, data, picks, tenant)
     preferred = np.array([s.segments.code(name) for name in config.preferred_segments], np.int64)
-    helper = compile_helper.start_for_first_put()  # None but in a fresh process on an empty Numba cache
+    helper = compile_helper.start_for_first_put(helper_body)  # None but in a fresh process on an empty Numba cache
     try:
         new = s.insert_puts(picks, offsets, data, tenant, sizes, width, preferred, codes, rows_out)
     finally:
@@ -143,7 +145,7 @@ def replica_width(store: MetadataStore, replica_num: int, offsets: np.ndarray, d
     return width
 
 
-def admit_quota(m: "MasterService", tenant: int, config: ReplicateConfig, sizes: np.ndarray, picks: np.ndarray,
+def admit_quota(m: "Service", tenant: int, config: ReplicateConfig, sizes: np.ndarray, picks: np.ndarray,
                 codes: np.ndarray) -> np.ndarray:
     """Multi-tenant admission: keys past the tenant's quota get TENANT_QUOTA_EXCEEDED after
     up to two rounds of evicting that tenant's expired objects (upstream retries)."""
@@ -166,7 +168,7 @@ def admit_quota(m: "MasterService", tenant: int, config: ReplicateConfig, sizes:
     return picks[~over]
 
 
-def end(m: "MasterService", offsets: np.ndarray, data: np.ndarray, client: str, tenant_id: str) -> np.ndarray:
+def end(m: "Service", offsets: np.ndarray, data: np.ndarray, client: str, tenant_id: str) -> np.ndarray:
     """put_end of the keys ``offsets``/``data`` by ``client``: per-key codes."""
     s = m.store
     rows = s.lookup(offsets, data, tenant_id)

@@ -26,7 +26,7 @@ from ..store.rebuild import free_space
 from ..store.segments import Segment
 
 if TYPE_CHECKING:
-    from ..master import MasterService
+    from .service import Service
 
 log = logging.getLogger(__name__)
 # warn when the deadline assignment eats this share of the recovery TTL (RFC observability)
@@ -59,7 +59,7 @@ class _Recovered:
     visible_ttl_ms: float
 
 
-def recover_segments(m: "MasterService", client: str, segments: list[tuple[int, Segment]],
+def recover_segments(m: "Service", client: str, segments: list[tuple[int, Segment]],
                      fault: Callable[[str], None] | None = None) -> _Recovered:
     """Recover standby-restored segments ``(code, requested segment)``. Raises on any failure,
     with nothing granted or published and every allocator as it was."""

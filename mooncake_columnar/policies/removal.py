@@ -12,10 +12,10 @@ from ..schema import FLAG_PROCESSING, ST_PROCESSING, ReplicaStatus
 from ..validation import raise_code
 
 if TYPE_CHECKING:
-    from ..master import MasterService
+    from .service import Service
 
 
-def remove_keys(m: "MasterService", offsets: np.ndarray, data: np.ndarray, tenant_id: str,
+def remove_keys(m: "Service", offsets: np.ndarray, data: np.ndarray, tenant_id: str,
                 force: bool) -> np.ndarray:
     """Remove the keys ``offsets``/``data`` of a tenant: per-key codes."""
     s = m.store
@@ -35,7 +35,7 @@ def remove_keys(m: "MasterService", offsets: np.ndarray, data: np.ndarray, tenan
     return codes
 
 
-def remove_objects(m: "MasterService", rows: np.ndarray) -> int:
+def remove_objects(m: "Service", rows: np.ndarray) -> int:
     """Erase now, or with a journal hide now and free once durable, in window-sized
     reservations. Returns how many of ``rows`` (a prefix) were removed; the rest are untouched
     (the oplog window stayed full)."""
@@ -48,7 +48,7 @@ def remove_objects(m: "MasterService", rows: np.ndarray) -> int:
     return done
 
 
-def remove_rows_where_allowed(m: "MasterService", rows: np.ndarray, force: bool) -> int:
+def remove_rows_where_allowed(m: "Service", rows: np.ndarray, force: bool) -> int:
     """Remove the unleased (or, with force, all) complete objects of ``rows``; returns the
     count, or raises UNAVAILABLE_IN_CURRENT_STATUS when the oplog window stopped it."""
     o = m.store.objects
@@ -63,7 +63,7 @@ def remove_rows_where_allowed(m: "MasterService", rows: np.ndarray, force: bool)
     return int(doomed.size)
 
 
-def revoke(m: "MasterService", row: int, client: str, what: str) -> None:
+def revoke(m: "Service", row: int, client: str, what: str) -> None:
     """Abort the in-progress put at ``row`` (-1: not found) of ``client``: its PROCESSING
     replicas are freed and the object erased."""
     s = m.store

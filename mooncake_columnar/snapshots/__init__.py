@@ -20,7 +20,7 @@ from .manifest import (
 )
 from .mooncake_v1 import decode_v1, encode_v1, write_v1
 from .repository import SnapshotFiles, SnapshotRepository
-from .state import SnapshotState, empty_state
+from ..store.snapshot_state import SnapshotState, empty_state
 
 __all__ = [
     "RestoreStats", "SnapshotFiles", "SnapshotManager", "SnapshotManifest", "SnapshotRepository", "SnapshotState",

@@ -31,8 +31,8 @@ from ..schema import (
     SEGMENTS_ARROW_SCHEMA,
     SEGMENTS_LEGACY_SCHEMA,
 )
-from .mapped import release_mapped
-from .state import SnapshotState, check_table
+from ..mapped import release_mapped
+from ..store.snapshot_state import SnapshotState, check_table
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12

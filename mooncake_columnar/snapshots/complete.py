@@ -40,12 +40,12 @@ from ..kernels.predicates import lease_expired_mask
 from ..schema import ST_COMPLETE
 from .arrow_codec import DIGEST_FILE, PAYLOAD_FILES, decode_state, optional_payloads
 from .convert import convert_steady_deadlines
-from .mapped import release_mapped
+from ..mapped import release_mapped
 from .manifest import SnapshotManifest, check_clock_pair, parse_manifest
 from .mooncake_v1 import V1_FILES, decode_v1
 from .mooncake_v1_allocator import DEFAULT_MAX_DECOMPRESSED_BYTES
 from .repository import SnapshotRepository
-from .state import SnapshotState, column_chunks, with_usage
+from ..store.snapshot_state import SnapshotState, column_chunks, with_usage
 from .writer import publish_state
 
 log = logging.getLogger(__name__)

@@ -29,13 +29,14 @@ from ..clock import Clocks
 from ..config import MasterConfig
 from ..errors import (InvalidParams, NoUsableSnapshot, RollbackRefused, SnapshotPublishError,
                       SnapshotStorageUnavailable)
-from .memory import FreeMemoryWarmer, prefault
+from ..memory import FreeMemoryWarmer, prefault
+from ..warm_up_hook import warm_up
 from ..store.arrow_export import FrozenColumns, freeze, frozen_state
 from .complete import RestoreStats, max_granted_ttl_ns, restore_latest_with
 from .forked import FORK_AVAILABLE, IdFromParent, WriterProcess, fork_writer, private_bytes
 from .manifest import SnapshotIdAllocator
 from .repository import SnapshotRepository
-from .state import SnapshotState
+from ..store.snapshot_state import SnapshotState
 from . import streamed
 from .writer import Published, publish_payloads, publish_state
 
@@ -212,8 +213,7 @@ class SnapshotManager:
     def _fork(self) -> tuple[WriterProcess, int]:
         """Fork the writer under the master's lock, which is held for the fork only; returns it
         and the system time of the snapshot's clock pair."""
-        from ..warmup import warm_up_kernels
-        warm_up_kernels()  # a no-op once done (MasterService.start does it): else every child loads them
+        warm_up()  # a no-op once done (MasterService.start does it): else every child loads them
         m = self.master
         t0 = time.perf_counter()
         with m.lock:

@@ -62,7 +62,7 @@ from .mooncake_v1_allocator import (
     pack_handle,
 )
 from .repository import SnapshotRepository
-from .state import SnapshotState, with_usage
+from ..store.snapshot_state import SnapshotState, with_usage
 from ..store.upstream_ids import first_bad_uuid
 
 METADATA_FILE = "metadata"

@@ -43,7 +43,7 @@ from ..errors import (
     SnapshotStorageUnavailable,
 )
 from .arrow_codec import DIGEST_FILE
-from .mapped import map_file
+from ..mapped import map_file
 from .manifest import (
     MANIFEST_FILE,
     V1_TAG,

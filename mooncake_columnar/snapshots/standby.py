@@ -65,7 +65,7 @@ from .arrow_codec import (
 )
 from .manifest import SnapshotIdAllocator, is_valid_snapshot_id
 from .repository import SnapshotRepository
-from .state import check_table
+from ..store.snapshot_state import check_table
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

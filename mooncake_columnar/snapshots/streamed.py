@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from ..schema import OBJECTS_PAYLOAD_SCHEMA, REPLICAS_PAYLOAD_SCHEMA
 from ..store.arrow_export import FrozenColumns, FrozenRows, NameNeeds, segments_of
 from .arrow_codec import DigestPayload, IpcPayload, table_payloads
-from .state import SnapshotState, check_next_id, check_replicas, check_segments, check_table
+from ..store.snapshot_state import SnapshotState, check_next_id, check_replicas, check_segments, check_table
 
 STREAM_ROWS = 1 << 22  # master rows per record batch: ~400 MB of a writer's tables at most
 

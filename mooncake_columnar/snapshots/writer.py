@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Protocol
 
-from .memory import warm_free_memory
+from ..memory import warm_free_memory
 from .arrow_codec import state_payloads
 from .manifest import SnapshotIdAllocator, v1_manifest, v2_manifest
 from .repository import Data, SnapshotRepository, stored_size
-from .state import SnapshotState
+from ..store.snapshot_state import SnapshotState
 
 
 class IdSource(Protocol):

@@ -45,10 +45,10 @@ from ..schema import (
 from .objects import put_start_ms
 from .rare_fields import GroupTable, SoftPinTable
 from .segments import Segment, segments_table
+from .snapshot_state import SnapshotState, layout_table, name_array
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore
-    from ..snapshots.state import SnapshotState
 
 # Per-object columns a snapshot needs, and the replica slot columns (engine attribute names).
 FROZEN_OBJECT_COLUMNS = ("flags", "tenant", "client", "size_bytes", "data_type",
@@ -156,7 +156,6 @@ def _negative(codes: np.ndarray) -> bool:
 
 def _coded(codes: np.ndarray, dictionary: list[str]) -> pa.DictionaryArray:
     """Engine codes (-1: none, the dictionary's trailing "") as a name-dictionary array."""
-    from ..snapshots.state import name_array
     if _negative(codes):
         codes = np.where(codes < 0, len(dictionary) - 1, codes)
     return name_array(codes, dictionary)
@@ -299,7 +298,6 @@ class FrozenRows:
         else:
             group = np.zeros(self.n, np.int8)
         soft = SoftPinTable.dense(*_held_in(f.soft_pins, self.lo, self.hi), self.hi - self.lo)
-        from ..snapshots.state import layout_table
         return layout_table(OBJECTS_PAYLOAD_SCHEMA, {
             "tenant": _coded(self.rows(c["tenant"]), names["tenant"]),
             "key": _keys(f.arena, self.rows(c["key_ref"]), self.alloc),
@@ -337,7 +335,6 @@ class FrozenRows:
         used = _used_bytes(rep_status, kind, self._rep("replica_segment"), np.asarray(src_size), len(f.segments))
         readable = ok.readable_mask(src, slot.astype(np.int64, copy=False), c["replica_status"],
                                     c["replica_kind"], c["replica_segment"], f.segment_readable)
-        from ..snapshots.state import layout_table
         index = r_idx.astype(np.int64, copy=False)
         table = layout_table(REPLICAS_PAYLOAD_SCHEMA, {
             "object_index": index,
@@ -368,12 +365,11 @@ def segments_of(f: FrozenColumns, used: np.ndarray) -> pa.Table:
     return segments_table([f.segments[c] for c in codes], used[codes], f.segment_readable[codes])
 
 
-def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> "SnapshotState":
+def frozen_state(f: FrozenColumns, alloc: Allocator = _fresh) -> SnapshotState:
     """The encoded-layout SnapshotState of a frozen master, every row as one range (no lock
     needed: only copies are read). Columns are zero-copy views of the frozen copies where every
     row is live (the usual case); the larger derived arrays come from ``alloc`` (reused buffers:
     the tables reference them until published)."""
-    from ..snapshots.state import SnapshotState
     rows = FrozenRows(f, 0, f.rows, alloc)
     needs = rows.needs()
     replicas, used = rows.replicas(needs)
@@ -394,6 +390,6 @@ def _used_bytes(status, kind, seg, size, n_codes):
     return out
 
 
-def export_tables(m: "MetadataStore") -> "SnapshotState":
+def export_tables(m: "MetadataStore") -> SnapshotState:
     """The live state (encoded layout); the caller holds ``m``'s lock."""
     return frozen_state(freeze(m))

@@ -14,6 +14,8 @@ import pyarrow as pa
 
 from ..kernels.jit import njit
 from ..errors import SegmentExtentsCorrupt, SnapshotExtentError
+from ..mapped import release_mapped
+from ..memory import prefault
 from ..schema import (
     OBJECT_COLUMNS,
     REPLICA_COLUMNS,
@@ -26,10 +28,10 @@ from .inserts import NewObjects
 from .keys import as_string_array, string_buffers
 from .rebuild import rebuild_all
 from .segments import Segment
+from .snapshot_state import SnapshotState, name_codes
 
 if TYPE_CHECKING:
     from .metadata import MetadataStore
-    from ..snapshots.state import SnapshotState
 
 
 @njit(cache=True, nogil=True)
@@ -42,12 +44,10 @@ def _or_flag(flags, bits, offset, bit):
 
 
 # ---- loading --------------------------------------------------------------------------------------
-def load_tables(m: "MetadataStore", state: "SnapshotState", *, segments_readable: bool) -> None:
+def load_tables(m: "MetadataStore", state: SnapshotState, *, segments_readable: bool) -> None:
     """Fill an EMPTY master from a validated state (objects table order = replica object_index),
     LOAD_BATCH_ROWS objects at a time: the pages of a mapped snapshot file are let go after each
-    pass (snapshots/mapped.py), so a restore's peak is about the engine it fills."""
-    from ..snapshots.mapped import release_mapped
-    from ..snapshots.memory import prefault
+    pass (mapped.py), so a restore's peak is about the engine it fills."""
     if m.objects.high_water or m.objects.free_count:
         raise ValueError("load_tables fills an empty master")
     segments = state.segments
@@ -103,7 +103,6 @@ def append_objects(m: "MetadataStore", objects: pa.Table, replicas: pa.Table,
     key) must be new, replica segments mounted). Returns the new rows in table order.
     ``after_pass``: see :func:`.inserts.insert_objects`. ``first_object``: the replicas'
     object_index of ``objects``' first row (a batch of a larger table)."""
-    from ..snapshots.state import name_codes
     n = objects.num_rows
     # name columns as the store's codes: a lookup over each column's dictionary, no per-row string work
     tenant = m.tenants.codes(*name_codes(objects.column("tenant")))

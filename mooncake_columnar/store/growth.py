@@ -20,7 +20,7 @@ each building a new buffer from the live one in bounded steps and swapping it in
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -28,11 +28,6 @@ from ..kernels import arena as arena_k
 from ..kernels import hashing as hk
 from ..kernels import slot_index as sk
 from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
-
-if TYPE_CHECKING:
-    from .side_table import RowSideTable
-    from .keys import KeyIndex
-    from .objects import ObjectTable
 
 STEP_S = 0.002  # a step holds the master lock about this long
 _FIRST_UNITS = 1 << 16
@@ -45,6 +40,48 @@ class GrowthJob(Protocol):
     def step(self, lo: int, hi: int) -> None: ...  # copy units [lo, hi) into the new buffer
 
     def finish(self) -> None: ...                  # swap the new buffer in (cannot fail)
+
+
+# What each job reads and swaps in of the structure it grows. The tables (objects.py, keys.py,
+# side_table.py) build their jobs from this module, so it names them by these shapes, not by import.
+class GrowingObjects(Protocol):
+    """store/objects.py's ObjectTable, as ColumnGrowth and ArenaCompaction see it (its columns
+    are read and swapped in by name)."""
+
+    capacity: int
+    replica_more: np.ndarray
+    key_ref: np.ndarray
+
+    @property
+    def high_water(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def flags(self) -> np.ndarray: ...
+
+
+class GrowingKeys(Protocol):
+    """store/keys.py's KeyIndex, as the index and arena jobs see it."""
+
+    table: np.ndarray
+    arena: np.ndarray
+    arena_used: int
+    arena_garbage: int
+
+    @property
+    def objects(self) -> GrowingObjects: ...
+
+
+class GrowingSideTable(Protocol):
+    """store/side_table.py's RowSideTable, as SideTableGrowth sees it (its columns by name)."""
+
+    index: np.ndarray
+    free_slots: np.ndarray
+    free_count: int
+
+    @property
+    def capacity(self) -> int: ...
+    def fills(self) -> dict[str, object]: ...
 
 
 def run_job(job: GrowthJob) -> None:
@@ -61,7 +98,7 @@ class ColumnGrowth:
 
     _READER_WRITTEN = ("lease_deadline_ns", "flags")  # read leases write these (kernels/leases.py)
 
-    def __init__(self, objects: "ObjectTable", capacity: int) -> None:
+    def __init__(self, objects: GrowingObjects, capacity: int) -> None:
         self.objects, self.capacity = objects, capacity
         self.units = objects.high_water
         self.new = {name: np.empty(capacity, dt) for name, dt in OBJECT_COLUMNS.items()}
@@ -86,7 +123,7 @@ class TableRehash:
     """The key index's slot table at a larger size: first emptied, then filled by the stored
     tags (units: the new slots to empty, then the old slots to rehash)."""
 
-    def __init__(self, keys: "KeyIndex", capacity: int) -> None:
+    def __init__(self, keys: GrowingKeys, capacity: int) -> None:
         self.keys, self.capacity = keys, capacity
         self.units = capacity + keys.table.shape[0]
         self.phase_starts: tuple[int, ...] = (capacity,)
@@ -109,7 +146,7 @@ class ArenaGrowth:
 
     phase_starts: tuple[int, ...] = ()
 
-    def __init__(self, keys: "KeyIndex", capacity: int) -> None:
+    def __init__(self, keys: GrowingKeys, capacity: int) -> None:
         self.keys = keys
         self.units = keys.arena_used
         self.new = np.empty(capacity, np.uint8)
@@ -128,7 +165,7 @@ class ArenaCompaction:
 
     phase_starts: tuple[int, ...] = ()
 
-    def __init__(self, keys: "KeyIndex", capacity: int) -> None:
+    def __init__(self, keys: GrowingKeys, capacity: int) -> None:
         self.keys, o = keys, keys.objects
         self.units = o.high_water
         self.new = np.empty(capacity, np.uint8)
@@ -153,7 +190,7 @@ class SideTableGrowth:
 
     phase_starts: tuple[int, ...] = ()
 
-    def __init__(self, table: "RowSideTable", capacity: int) -> None:
+    def __init__(self, table: GrowingSideTable, capacity: int) -> None:
         self.table, self.units, self.old = table, capacity, table.capacity
         self.fill = table.fills()
         self.new = {name: np.empty(capacity, getattr(table, name).dtype) for name in self.fill}

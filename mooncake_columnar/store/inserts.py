@@ -8,7 +8,7 @@ for objects wider than a row. Vectorized: loops over groups only, never per obje
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
@@ -20,8 +20,34 @@ from ..schema import EMPTY_CODE, FLAG_PROCESSING, NO_DEADLINE, ST_EMPTY
 from .rare_fields import SOFT_PIN_FLAGS
 
 if TYPE_CHECKING:
-    from .metadata import MetadataStore
+    from .inflight import InflightTable
+    from .keys import KeyIndex
     from .objects import ObjectTable
+    from .rare_fields import GroupTable, SoftPinTable
+    from .segments import SegmentTable
+    from .strings import StringDictionary
+
+
+class Tables(Protocol):
+    """The store (metadata.py: MetadataStore, whose insert_objects calls this module) as the
+    inserts see it: the tables they fill."""
+
+    @property
+    def objects(self) -> ObjectTable: ...
+    @property
+    def keys(self) -> KeyIndex: ...
+    @property
+    def inflight(self) -> InflightTable: ...
+    @property
+    def soft_pins(self) -> SoftPinTable: ...
+    @property
+    def group_of(self) -> GroupTable: ...
+    @property
+    def group_head(self) -> np.ndarray: ...
+    @property
+    def segments(self) -> SegmentTable: ...
+    @property
+    def tenants(self) -> StringDictionary: ...
 
 _KEY_COPY_CHUNK = 64 << 20  # key bytes copied into the arena between two after_pass calls
 
@@ -49,12 +75,12 @@ class NewObjects:
     replica_id: np.ndarray          # uint64
 
 
-def insert_objects(m: MetadataStore, new: NewObjects, after_pass: Callable[[], None] = lambda: None) -> np.ndarray:
+def insert_objects(m: Tables, new: NewObjects, after_pass: Callable[[], None] = lambda: None) -> np.ndarray:
     """Add objects whose (tenant, key) are new (else SnapshotIntegrityError, nothing indexed
     twice); memory replicas' segments must be mounted, their extents are not allocated here
     (the caller installs the free lists). Returns the new rows in order. ``after_pass`` runs
     after each pass over some of ``new``'s columns (a restore lets go of the pages of the
-    memory-mapped file they lie in: snapshots/mapped.py)."""
+    memory-mapped file they lie in: mapped.py)."""
     o = m.objects
     rows, sel = _new_rows(o, new.size_bytes.size)
     for name in ("tenant", "client", "size_bytes", "data_type", "flags", "lease_deadline_ns"):
@@ -91,7 +117,7 @@ def _new_rows(o: ObjectTable, n: int) -> tuple[np.ndarray, slice | np.ndarray]:
     return rows, rows
 
 
-def _insert_keys(m: MetadataStore, rows: np.ndarray, offsets: np.ndarray, data: np.ndarray,
+def _insert_keys(m: Tables, rows: np.ndarray, offsets: np.ndarray, data: np.ndarray,
                  after_pass: Callable[[], None]) -> None:
     """Copy the key bytes into the arena and index every row."""
     o = m.objects
@@ -115,7 +141,7 @@ def _insert_keys(m: MetadataStore, rows: np.ndarray, offsets: np.ndarray, data: 
     m.keys.note_inserted(n, start + nbytes)
 
 
-def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
+def _link_groups(m: Tables, rows: np.ndarray, group: np.ndarray) -> None:
     """Link the grouped rows into their groups' member lists (a kernel per group)."""
     grouped = np.flatnonzero(group >= 0)
     if not grouped.size:
@@ -130,7 +156,7 @@ def _link_groups(m: MetadataStore, rows: np.ndarray, group: np.ndarray) -> None:
         ok.link_group_members(members, code, m.group_head, m.group_of.links(), o.flags)
 
 
-def _place_replicas(m: MetadataStore, rows: np.ndarray, new: NewObjects, after_pass: Callable[[], None], *,
+def _place_replicas(m: Tables, rows: np.ndarray, new: NewObjects, after_pass: Callable[[], None], *,
                     fresh: slice | None) -> None:
     """Replica slot = rank of the replica within its object (``fresh``: the never-used rows'
     slice, the rows in order; None: rows taken by take_rows, cleared)."""

@@ -30,7 +30,7 @@ from .segments import SegmentTable
 from .strings import StringDictionary
 
 if TYPE_CHECKING:
-    from ..policies.eviction import EvictionPlan
+    from .eviction_plan import EvictionPlan
 
 _REMOVED = int(ReplicaStatus.REMOVED)
 

@@ -154,7 +154,7 @@ class SegmentTable(ArrayEpoch):
 
     def column_offsets(self, offsets: np.ndarray, kind: np.ndarray, seg: np.ndarray) -> np.ndarray:
         """``replica_offset`` values of replicas at byte ``offsets``: a memory replica's on a unit
-        boundary of its mounted segment, another kind's below 2**32 (snapshots.state checks both)."""
+        boundary of its mounted segment, another kind's below 2**32 (store/snapshot_state.py checks both)."""
         return column_offsets_of(offsets, kind, seg, self.unit_bits)
 
     def free(self, code: int, offset: int, size: int) -> None:

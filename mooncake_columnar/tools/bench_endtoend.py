@@ -12,7 +12,7 @@ and after this one freed its own.
 Peak RSS per step: the kernel's high-water mark (VmHWM), reset before each step
 (``/proc/self/clear_refs``; where that is refused, the process's peak so far). Cold memory as in
 ``bench snapshot``: the periodic write and the restores run after a pause (freed memory goes back
-to the host; see ``snapshots/memory.py``), and the touch floor is measured the same way.
+to the host; see ``memory.py``), and the touch floor is measured the same way.
 """
 from __future__ import annotations
 

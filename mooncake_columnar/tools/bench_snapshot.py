@@ -35,7 +35,7 @@ from ..schema import OBJECT_COLUMNS
 from ..snapshots.manager import SnapshotManager, restore_master
 from ..snapshots.mooncake_v1 import decode_v1, encode_v1
 from ..snapshots.repository import SnapshotRepository
-from ..snapshots.state import SnapshotState, with_usage
+from ..store.snapshot_state import SnapshotState, with_usage
 from .synthetic import build_master, peak_rss_bytes, synthetic_keys
 
 # Seconds for freed memory to be handed back to the host (free page reporting waits ~2 s), so

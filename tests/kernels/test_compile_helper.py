@@ -64,7 +64,7 @@ def test_no_helper_once_the_get_kernel_is_compiled_or_after_the_first_put(master
     master.get_replica_list("k")  # compiled (or loaded) in this process now
     monkeypatch.setattr(compile_helper, "_tried", False)
     assert compile_helper.why_not() in ("get kernel compiled or cached", "JIT disabled")
-    assert compile_helper.start_for_first_put() is None
+    assert compile_helper.start_for_first_put(lambda: None) is None
     assert compile_helper.why_not() == "once per process"
 
 
@@ -72,7 +72,7 @@ def test_the_off_switch_forks_no_helper(monkeypatch):
     monkeypatch.setattr(compile_helper, "_tried", False)
     monkeypatch.setenv(compile_helper.OFF_SWITCH, "0")
     assert compile_helper.why_not() == "turned off (MOONCAKE_COLUMNAR_COMPILE_HELPER=0)"
-    assert compile_helper.start_for_first_put() is None
+    assert compile_helper.start_for_first_put(lambda: None) is None
     assert compile_helper.last_run.outcome == "not run: turned off (MOONCAKE_COLUMNAR_COMPILE_HELPER=0)"
 
 
@@ -84,7 +84,7 @@ def test_a_fork_that_fails_leaves_the_put_to_compile_alone(monkeypatch):
     monkeypatch.setattr(compile_helper, "why_not", lambda: None)
     monkeypatch.setattr(os, "fork", no_fork)
     open_before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
-    assert compile_helper.start_for_first_put() is None
+    assert compile_helper.start_for_first_put(lambda: None) is None
     assert compile_helper.last_run.outcome.startswith("not run: could not start it"), compile_helper.last_run
     if open_before:
         assert len(os.listdir("/proc/self/fd")) == open_before  # the pipe closed again

@@ -1,4 +1,4 @@
-"""snapshots/mapped.py: a restore reads local payloads through memory maps whose pages it lets go
+"""mapped.py: a restore reads local payloads through memory maps whose pages it lets go
 once read, so the file never stays resident beside the engine it fills; the bytes stay intact."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mooncake_columnar.snapshots.mapped import map_file, release_mapped
+from mooncake_columnar.mapped import map_file, release_mapped
 
 
 def _rss_file_bytes() -> int:

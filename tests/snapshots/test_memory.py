@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mooncake_columnar.snapshots import memory
+from mooncake_columnar import memory
 
 
 @settings(max_examples=80, deadline=None)
