@@ -13,31 +13,10 @@ from ..store.segments import Segment, SegmentTable
 from ..store.upstream_ids import is_upstream_uuid
 from ..validation import require_int, require_str
 from .recovery import RemountReport, recover_segments
+from .service import ClientLiveness  # noqa: F401  (defined beside the Service protocol; importable here too)
 
 if TYPE_CHECKING:
-    from ..master import MasterService
-
-
-class ClientLiveness:
-    """Clients' liveness deadlines (steady ns) and which clients have remounted (ping OK)."""
-
-    def __init__(self, ttl_ns: int) -> None:
-        self.ttl_ns = ttl_ns
-        self.deadline_ns: dict[str, int] = {}
-        self.remounted: set[str] = set()
-
-    def touch(self, client: str, now_ns: int) -> None:
-        """``client`` was heard from at ``now_ns``: alive for another TTL."""
-        self.deadline_ns[client] = now_ns + self.ttl_ns
-
-    def silent(self, now_ns: int) -> list[str]:
-        """Clients whose deadline passed."""
-        return [c for c, d in self.deadline_ns.items() if d < now_ns]
-
-    def forget(self, client: str) -> None:
-        """Drop an expired client."""
-        del self.deadline_ns[client]
-        self.remounted.discard(client)
+    from .service import Service
 
 
 def require_client(config: MasterConfig, client_id: object) -> str:
@@ -65,7 +44,7 @@ def requested_segment(config: MasterConfig, name: object, endpoint: object, clie
                    require_str("host_id", host_id, allow_empty=True))
 
 
-def journal_segments(m: "MasterService", segs: list[Segment], *, mounted: bool) -> PendingChange:
+def journal_segments(m: "Service", segs: list[Segment], *, mounted: bool) -> PendingChange:
     """Reserve the oplog entries of a segment change before making it; raises
     UnavailableInCurrentStatus (nothing changed) when the oplog window stays full."""
     if m.journal is None:
@@ -77,7 +56,7 @@ def journal_segments(m: "MasterService", segs: list[Segment], *, mounted: bool) 
     return pending
 
 
-def unmount(m: "MasterService", codes: Iterable[int]) -> None:
+def unmount(m: "Service", codes: Iterable[int]) -> None:
     """Unmount segments ``codes``, each journaled before it is made."""
     s = m.store
     for code in codes:
@@ -86,7 +65,7 @@ def unmount(m: "MasterService", codes: Iterable[int]) -> None:
         journaled.submit()
 
 
-def expire_clients(m: "MasterService") -> list[str]:
+def expire_clients(m: "Service") -> list[str]:
     """Clients silent for client_live_ttl_s: forget them and unmount their segments."""
     expired = []
     for client in m.liveness.silent(m.clocks.steady_ns()):
@@ -107,7 +86,7 @@ def _fresh_id(segments: SegmentTable, taken: set[str]) -> str:
             return segment_id
 
 
-def _validated_request(m: "MasterService", client: str,
+def _validated_request(m: "Service", client: str,
                     segments: Sequence[Segment | dict]) -> tuple[list[Segment], list[tuple[int, Segment]]]:
     """Validate a remount request: (unknown segments to mount, (code, request) of the
     standby-restored ones). Raises InvalidParams on anything wrong, before any change."""
@@ -115,6 +94,7 @@ def _validated_request(m: "MasterService", client: str,
     plain: list[Segment] = []
     restored: list[tuple[int, Segment]] = []
     claimed: set[str] = set()  # segment ids this call names
+    named: set[str] = set()  # segment names this call names
     restored_by_endpoint = {s.endpoint: c for c, s in enumerate(table.info)
                             if s is not None and not table.readable[c]}
     for s in segments:
@@ -128,6 +108,9 @@ def _validated_request(m: "MasterService", client: str,
                                 seg.segment_id or None, seg.host_id)
         if seg.client != client:
             raise InvalidParams(f"segment {seg.name!r} belongs to client {seg.client!r}, not {client!r}")
+        if seg.name in named:  # one name, one segment: two mounts under one name would split the registry
+            raise InvalidParams(f"segment {seg.name!r} is named twice in one remount")
+        named.add(seg.name)
         code = table.code(seg.name)
         by_endpoint = restored_by_endpoint.get(seg.endpoint, -1)
         if by_endpoint >= 0 and by_endpoint != code:
@@ -158,7 +141,7 @@ def _validated_request(m: "MasterService", client: str,
     return [s if s.segment_id else replace(s, segment_id=_fresh_id(table, claimed)) for s in plain], restored
 
 
-def remount(m: "MasterService", client_id: str, segments: Sequence[Segment | dict]) -> RemountReport:
+def remount(m: "Service", client_id: str, segments: Sequence[Segment | dict]) -> RemountReport:
     """The client's answer to NEED_REMOUNT (see MasterService.remount_segments)."""
     t0 = time.perf_counter()
     client = require_client(m.config, client_id)

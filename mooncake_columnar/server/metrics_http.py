@@ -3,7 +3,7 @@ scrape time, and the engine's own collector) and ``/health``, served on the serv
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -79,6 +79,7 @@ class ServerMetrics:
         self._wire_errors = Counter("mooncake_wire_errors", "Malformed RPC frames (bad magic, truncated, oversize...)",
                                     ["kind"], registry=registry)
         self._connections = Gauge("mooncake_rpc_connections", "Open RPC connections", registry=registry)
+        self._series: dict[str, tuple[Any, Any, Any]] = {}
         self.stats_collector: StatsCollector | None = None
         if stats is not None:
             self.stats_collector = StatsCollector(stats)
@@ -88,11 +89,16 @@ class ServerMetrics:
             self.engine_collector = register_engine_metrics(engine_metrics, registry)
 
     def observe(self, rpc_name: str, seconds: float, ok: bool) -> None:
-        self._requests.labels(rpc_name).inc()
-        errors = self._errors.labels(rpc_name)  # created on first use so a clean RPC shows 0 errors, not no series
+        series = self._series.get(rpc_name)
+        if series is None:  # the labelled children, looked up once per RPC name (a lookup is a lock and a dict)
+            # the error series is created on first use so a clean RPC shows 0 errors, not no series
+            series = self._series[rpc_name] = (self._requests.labels(rpc_name), self._errors.labels(rpc_name),
+                                               self._latency.labels(rpc_name))
+        requests, errors, latency = series
+        requests.inc()
         if not ok:
             errors.inc()
-        self._latency.labels(rpc_name).observe(seconds)
+        latency.observe(seconds)
 
     def wire_error(self, kind: str) -> None:
         self._wire_errors.labels(kind).inc()

@@ -114,6 +114,8 @@ class RpcServer:
         for the whole server, not one per frame."""
         now = time.monotonic()
         for c in list(self.connections):
+            if c.closed or c.paused:  # closing already, or not read on purpose (its peer reads its answers late)
+                continue
             if c.frame_started is not None and now - c.frame_started > self.frame_timeout_s:
                 self.observer.wire_error("stalled_frame")
                 c.close()
@@ -166,6 +168,7 @@ class _Connection(asyncio.Protocol):
         self.last_active = time.monotonic()
         self.pending: deque[list[Any]] = deque()  # [future or None, frame] answers not yet sent, in order
         self.closed = False
+        self.paused = False  # reading paused until the peer reads its answers
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a stream transport (uvloop's is no subclass)
@@ -205,10 +208,13 @@ class _Connection(asyncio.Protocol):
     # flow control: a peer that does not read its answers stops being read
     def pause_writing(self) -> None:
         if self.transport is not None:
+            self.paused = True
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         if self.transport is not None and not self.closed:
+            self.paused = False
+            self.frame_started = time.monotonic() if self.buf else None  # a stall counts from now
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -225,6 +231,7 @@ class _Connection(asyncio.Protocol):
     def _serve_frames(self) -> None:
         server, buf = self.server, self.buf
         head = REQUEST_HEADER.size
+        completed = False
         while not self.closed and len(buf) >= head:
             magic, version, serialize_type, _msg_type, seq, function_id, length, attach = \
                 REQUEST_HEADER.unpack_from(buf)
@@ -245,7 +252,12 @@ class _Connection(asyncio.Protocol):
                 self.close()
                 return
             self._answer(seq, function_id, body)
-        self.frame_started = (self.frame_started or time.monotonic()) if buf else None
+            completed = True
+        # a stall is timed from the first bytes of the frame still unfinished
+        if not buf:
+            self.frame_started = None
+        elif completed or self.frame_started is None:
+            self.frame_started = time.monotonic()
 
     def _refusal(self, magic: int, version: int, serialize_type: int, seq: int,
                  length: int) -> tuple[str, bytes | None] | None:
