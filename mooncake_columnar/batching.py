@@ -14,7 +14,7 @@ import numpy as np
 
 from .locking import MasterLock
 from .messages import BatchResult
-from .policies.views import ReplicaBuffer, ReplicaColumns, read_batch, replica_table
+from .policies.views import ReplicaBuffer, ReplicaColumns, joined_replica_columns, read_batch, replica_table
 from .store.growth import StagedGrowth
 from .validation import require_str
 
@@ -160,3 +160,10 @@ def joined_results(parts: list[tuple[int, tuple[np.ndarray, ReplicaColumns | Non
     replica table, built here, outside the master lock."""
     codes = joined_codes([(lo, c) for lo, (c, _) in parts])
     return BatchResult(codes, replica_table([cols for _, (_, cols) in parts if cols is not None]))
+
+
+def joined_columns(parts: list[tuple[int, tuple[np.ndarray, ReplicaColumns | None]]]
+                   ) -> tuple[np.ndarray, ReplicaColumns]:
+    """The chunks' codes in key order and their replica columns joined, without an Arrow table."""
+    codes = joined_codes([(lo, c) for lo, (c, _) in parts])
+    return codes, joined_replica_columns([cols for _, (_, cols) in parts if cols is not None])

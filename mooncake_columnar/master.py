@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .background import BackgroundRunner, MasterHealth
-from .batching import grow_ahead, grow_if_short, joined_codes, joined_results, read_in_chunks, run_in_chunks
+from .batching import (grow_ahead, grow_if_short, joined_codes, joined_columns, joined_results, read_in_chunks,
+                       run_in_chunks)
 from .changelog import ChangeLog, ChangeLogSink
 from .clock import NS_PER_MS, NS_PER_S, Clocks, MonotonicClocks
 from .config import MasterConfig
@@ -230,6 +231,15 @@ class MasterService:
         """Vectorized put_start with one config for every key; per-key codes and replica table.
         Like every batch call, runs in chunks of keys in order, the lock released in between
         (batching.py): the same result as the chunks' calls made one after another."""
+        return joined_results(self._batch_put_start(keys, sizes, client_id, config))
+
+    def batch_put_start_columns(self, keys, sizes, *, client_id: str, config: ReplicateConfig = ReplicateConfig()
+                                ) -> tuple[np.ndarray, ReplicaColumns]:
+        """:meth:`batch_put_start`'s codes and replica columns, without building the Arrow table
+        (a server encodes its response straight from the columns)."""
+        return joined_columns(self._batch_put_start(keys, sizes, client_id, config))
+
+    def _batch_put_start(self, keys, sizes, client_id: str, config: ReplicateConfig) -> list:
         arr = self._key_array(keys)
         offsets, data = string_buffers(arr)
         sizes = np.asarray(sizes)
@@ -243,9 +253,8 @@ class MasterService:
                                      helper_body=_compile_put_end_and_get)
             return codes, views.replica_columns(self.store, np.flatnonzero(codes == 0), rows, lo)
 
-        return joined_results(run_in_chunks(
-            self._lock, len(arr), chunk,
-            before=lambda lo, hi: grow_ahead(self, hi - lo, int(offsets[hi] - offsets[lo]))))
+        return run_in_chunks(self._lock, len(arr), chunk,
+                             before=lambda lo, hi: grow_ahead(self, hi - lo, int(offsets[hi] - offsets[lo])))
 
     @locked
     def put_end(self, key: str, *, client_id: str, tenant_id: str = DEFAULT_TENANT) -> None:
@@ -294,6 +303,12 @@ class MasterService:
     def batch_get_replica_list(self, keys, tenant_id: str = DEFAULT_TENANT) -> BatchResult:
         offsets, data = string_buffers(self._key_array(keys))
         return joined_results(read_in_chunks(self, offsets, data, tenant_id, want_replicas=True))
+
+    def batch_get_replica_columns(self, keys, tenant_id: str = DEFAULT_TENANT) -> tuple[np.ndarray, ReplicaColumns]:
+        """:meth:`batch_get_replica_list`'s codes and replica columns, without building the Arrow
+        table (a server encodes its response straight from the columns)."""
+        offsets, data = string_buffers(self._key_array(keys))
+        return joined_columns(read_in_chunks(self, offsets, data, tenant_id, want_replicas=True))
 
     def exist_key(self, key: str, tenant_id: str = DEFAULT_TENANT) -> bool:
         """True when a readable replica exists (and then the read lease is granted)."""

@@ -20,6 +20,7 @@ from ..ha.writer import OpLogWriter
 from ..kernels import wire as wk
 from ..master import MasterService
 from ..messages import DEFAULT_TENANT, ReplicateConfig
+from ..policies.views import ReplicaColumns
 from ..schema import ObjectDataType, PingStatus, ReplicaStatus, SoftPinAction
 from ..store.segments import Segment
 from .rpc_types import MEMORY_DESCRIPTOR, RPCS, Rpc
@@ -186,9 +187,10 @@ class MasterHandlers:
             raise InvalidParams(f"{len(keys)} keys but {len(sizes)} sizes")
         if sizes.size and int(sizes.max()) > _U63:
             raise InvalidParams("a size is out of range")
-        result = self.master.batch_put_start(key_array(keys), sizes.astype(np.int64), client_id=uuid_text(client),
-                                             config=self._replicate_config(rc, self._tenant(tenant)))
-        return self._replica_lists(result.codes, result.replicas, int(ReplicaStatus.PROCESSING), None)
+        codes, replicas = self.master.batch_put_start_columns(
+            key_array(keys), sizes.astype(np.int64), client_id=uuid_text(client),
+            config=self._replicate_config(rc, self._tenant(tenant)))
+        return self._replica_lists(codes, replicas, int(ReplicaStatus.PROCESSING), None)
 
     def _BatchPutEnd(self, args: tuple) -> RawBody:
         client, metas, replica_type, tenant = args
@@ -220,8 +222,8 @@ class MasterHandlers:
 
     def _BatchGetReplicaList(self, args: tuple) -> RawBody:
         keys, tenant = args
-        result = self.master.batch_get_replica_list(key_array(keys), self._tenant(tenant))
-        return self._replica_lists(result.codes, result.replicas, int(ReplicaStatus.COMPLETE),
+        codes, replicas = self.master.batch_get_replica_columns(key_array(keys), self._tenant(tenant))
+        return self._replica_lists(codes, replicas, int(ReplicaStatus.COMPLETE),
                                    self.master.config.default_kv_lease_ttl_ms)
 
     def _ExistKey(self, args: tuple) -> bool:
@@ -254,32 +256,26 @@ class MasterHandlers:
         return self.master.remove_all(force=force, tenant_id=scope)
 
     # ---------------------------------------------------------------------- batch encoding
-    def _replica_lists(self, codes: np.ndarray, replicas: pa.Table | None, status: int,
+    def _replica_lists(self, codes: np.ndarray, replicas: ReplicaColumns, status: int,
                        lease_ttl_ms: int | None) -> RawBody:
-        """Encode a batch's per-key replica lists from the engine's replica table."""
-        assert replicas is not None
-        segment = replicas.column("segment").combine_chunks()
-        endpoint = replicas.column("endpoint").combine_chunks()
-        names = segment.dictionary.to_pylist()  # one entry per segment, not per replica
-        endpoints = endpoint.dictionary.to_pylist()
-        protocols = [self.protocols.get(name, "tcp").encode() for name in names]
-        endpoint_bytes = [e.encode() for e in endpoints]
-        key_index = replicas.column("key_index").to_numpy()
-        per_key = np.bincount(key_index, minlength=1).max(initial=0) if key_index.size else 0
-        width = width_for(max(codes.size, int(per_key), *map(len, protocols), *map(len, endpoint_bytes)))
+        """Encode a batch's per-key replica lists from the engine's replica columns."""
+        protocols = [self.protocols.get(name, "tcp").encode() for name in replicas.names]  # per segment
+        endpoints = [e.encode() for e in replicas.endpoints]
+        key_index = replicas.key_index
+        per_key = int(np.bincount(key_index).max()) if key_index.size else 0
+        width = width_for(max(codes.size, per_key, *map(len, protocols), *map(len, endpoints)))
         strings = [len(p).to_bytes(width, "little") + p + len(e).to_bytes(width, "little") + e
-                   for p, e in zip(protocols, endpoint_bytes)]
+                   for p, e in zip(protocols, endpoints)]
         offsets = np.zeros(len(strings) + 1, np.int64)
         np.cumsum([len(s) for s in strings], out=offsets[1:])
         blob = np.frombuffer(b"".join(strings), np.uint8) if strings else np.zeros(0, np.uint8)
-        seg_codes = segment.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         payload = wk.encode_replica_lists(
             codes.astype(np.int32, copy=False), key_index.astype(np.int64, copy=False),
-            replicas.column("replica_id").to_numpy().astype(np.uint64, copy=False), seg_codes,
-            replicas.column("address").to_numpy(), replicas.column("size").to_numpy(), blob, offsets,
+            replicas.replica_id.astype(np.uint64, copy=False), replicas.segment_code.astype(np.int64),
+            replicas.address.astype(np.int64, copy=False), replicas.size.astype(np.int64, copy=False), blob, offsets,
             status, 0 if lease_ttl_ms is None else lease_ttl_ms, lease_ttl_ms is not None, width)
         if payload.size == 0:
-            raise MooncakeError("replica table not in batch order", code=ErrorCode.INTERNAL_ERROR)
+            raise MooncakeError("replica columns not in batch order", code=ErrorCode.INTERNAL_ERROR)
         return RawBody(width, payload)
 
 
