@@ -9,6 +9,7 @@ per-key results with kernels/wire.py (:class:`RawBody`).
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,14 +34,22 @@ STORE_VERSION = "2.0.0"
 _CLIENT_STATUS = {PingStatus.OK: 1, PingStatus.NEED_REMOUNT: 2}  # upstream ClientStatus
 _REPLICA_TYPE_MEMORY, _REPLICA_TYPE_ALL = 0, 4  # upstream ReplicaType: the types a memory put ends
 _U63 = (1 << 63) - 1
+_COMPLETE, _PROCESSING = int(ReplicaStatus.COMPLETE), int(ReplicaStatus.PROCESSING)
 
 
 @dataclass(frozen=True)
 class RawBody:
-    """A response payload a kernel encoded (count included), sent after the type's prologue."""
+    """A response payload encoded here or by a kernel (counts included), sent after the type's
+    prologue for ``width``-byte sizes."""
 
     width: int
-    payload: np.ndarray
+    payload: np.ndarray | bytes
+
+
+_EXISTS = {True: RawBody(1, b"\x01\x01"), False: RawBody(1, b"\x01\x00")}  # expected<bool>: ok, then the bool
+_DESCRIPTOR_HEAD = struct.Struct("<QBQQ")  # replica id, variant index (memory), buffer size, buffer address
+_I32 = struct.Struct("<i")
+_LEASE_TAIL = struct.Struct("<QB")  # lease_ttl_ms, absent checksum
 
 
 def uuid_text(uuid: tuple[int, int]) -> str:
@@ -159,13 +168,14 @@ class MasterHandlers:
         self.master.unmount_segment_by_id(uuid_text(segment_id))
 
     # ---------------------------------------------------------------------- puts
-    def _PutStart(self, args: tuple) -> list:
+    def _PutStart(self, args: tuple) -> list | RawBody:
         client, key, size, rc, tenant = args
         if size > _U63:
             raise InvalidParams(f"size {size} out of range")
         descs = self.master.put_start(key, size, client_id=uuid_text(client),
                                       config=self._replicate_config(rc, self._tenant(tenant)))
-        return [self._descriptor(d, int(ReplicaStatus.PROCESSING)) for d in descs]
+        fast = self._replica_list_body(descs, _PROCESSING, None)
+        return fast if fast is not None else [self._descriptor(d, _PROCESSING) for d in descs]
 
     def _check_replica_type(self, replica_type: int) -> None:
         if replica_type not in (_REPLICA_TYPE_MEMORY, _REPLICA_TYPE_ALL):
@@ -214,11 +224,34 @@ class MasterHandlers:
         return _voids(codes)
 
     # ---------------------------------------------------------------------- reads
-    def _GetReplicaList(self, args: tuple) -> tuple:
+    def _GetReplicaList(self, args: tuple) -> tuple | RawBody:
         key, tenant = args
         descs = self.master.get_replica_list(key, self._tenant(tenant))
-        return ([self._descriptor(d, int(ReplicaStatus.COMPLETE)) for d in descs],
-                self.master.config.default_kv_lease_ttl_ms, None)
+        fast = self._replica_list_body(descs, _COMPLETE, self.master.config.default_kv_lease_ttl_ms)
+        if fast is not None:
+            return fast
+        return ([self._descriptor(d, _COMPLETE) for d in descs], self.master.config.default_kv_lease_ttl_ms, None)
+
+    def _replica_list_body(self, descs: list, status: int, lease_ttl_ms: int | None) -> RawBody | None:
+        """A single key's replica list written directly (the hot get and put paths), when every
+        size fits one byte; None otherwise (the generic encoder then picks the width)."""
+        out = bytearray(b"\x01")  # expected: a value
+        if len(descs) > 255:
+            return None
+        out.append(len(descs))
+        for d in descs:
+            protocol, endpoint = self.protocols.get(d.segment, "tcp").encode(), d.endpoint.encode()
+            if len(protocol) > 255 or len(endpoint) > 255:
+                return None
+            out += _DESCRIPTOR_HEAD.pack(d.replica_id, MEMORY_DESCRIPTOR, d.size, d.address)
+            out.append(len(protocol))
+            out += protocol
+            out.append(len(endpoint))
+            out += endpoint
+            out += _I32.pack(status)
+        if lease_ttl_ms is not None:
+            out += _LEASE_TAIL.pack(lease_ttl_ms, 0)
+        return RawBody(1, bytes(out))
 
     def _BatchGetReplicaList(self, args: tuple) -> RawBody:
         keys, tenant = args
@@ -226,9 +259,9 @@ class MasterHandlers:
         return self._replica_lists(codes, replicas, int(ReplicaStatus.COMPLETE),
                                    self.master.config.default_kv_lease_ttl_ms)
 
-    def _ExistKey(self, args: tuple) -> bool:
+    def _ExistKey(self, args: tuple) -> RawBody:
         key, tenant = args
-        return self.master.exist_key(key, self._tenant(tenant))
+        return _EXISTS[self.master.exist_key(key, self._tenant(tenant))]
 
     def _BatchExistKey(self, args: tuple) -> RawBody:
         keys, tenant = args

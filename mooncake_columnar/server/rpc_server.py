@@ -144,7 +144,7 @@ class RpcServer:
         try:
             result = self.handlers.call(rpc, fn, args)
             ok = not isinstance(result, Err)
-            out = (rpc.response.prologue(result.width) + result.payload.tobytes() if isinstance(result, RawBody)
+            out = (rpc.response.prologue(result.width) + bytes(result.payload) if isinstance(result, RawBody)
                    else rpc.response.encode(result))
         except Exception as e:  # a bug, not the peer's doing: logged and answered, the server goes on
             log.exception("%s failed", rpc.name)

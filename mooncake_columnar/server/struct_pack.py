@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from ..kernels import wire as wk
 _HAS_LITERAL = 0b100
 _WIDTHS = (1, 2, 4, 8)
 _SIZE_FORMATS = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}
+
+
+Decoder = Callable[[memoryview, int], "tuple[Any, int]"]  # (body, offset) -> (value, offset after it)
 
 
 class WireDecodeError(ValueError):
@@ -42,6 +45,11 @@ class Type:
 
     def decode(self, buf: memoryview, pos: int, width: int) -> tuple[Any, int]:
         raise NotImplementedError
+
+    def decoder(self, width: int) -> Decoder:
+        """``decode`` with the width bound (messages decode through these: primitives, strings
+        and structs make closures with their checks inline instead of a call per check)."""
+        return lambda buf, pos: self.decode(buf, pos, width)
 
 
 def _need(buf: memoryview, pos: int, n: int) -> None:
@@ -70,6 +78,16 @@ class Prim(Type):
         _need(buf, pos, self.size)
         return self._struct.unpack_from(buf, pos)[0], pos + self.size
 
+    def decoder(self, width: int) -> Decoder:
+        unpack, size = self._struct.unpack_from, self.size
+
+        def decode(buf: memoryview, pos: int) -> tuple[Any, int]:
+            end = pos + size
+            if end > len(buf):
+                _need(buf, pos, size)
+            return unpack(buf, pos)[0], end
+        return decode
+
 
 class Bool(Prim):
     def __init__(self) -> None:
@@ -83,6 +101,9 @@ class Bool(Prim):
         if buf[pos] > 1:
             raise WireDecodeError(f"bool byte {buf[pos]} at offset {pos}")
         return bool(buf[pos]), pos + 1
+
+    def decoder(self, width: int) -> Decoder:
+        return lambda buf, pos: self.decode(buf, pos, width)
 
 
 I32, U32, I64, U64 = Prim(0x01, "<i"), Prim(0x02, "<I"), Prim(0x03, "<q"), Prim(0x04, "<Q")
@@ -114,6 +135,26 @@ class Str(Type):
             return raw.decode(), pos + n
         except UnicodeDecodeError:
             raise WireDecodeError(f"string at offset {pos} is not UTF-8") from None
+
+    def decoder(self, width: int) -> Decoder:
+        text = self.text
+
+        def decode(buf: memoryview, pos: int) -> tuple[Any, int]:
+            start = pos + width
+            if start > len(buf):
+                _need(buf, pos, width)
+            n = buf[pos] if width == 1 else int.from_bytes(buf[pos:start], "little")
+            end = start + n
+            if end > len(buf):
+                _need(buf, start, n)
+            raw = bytes(buf[start:end])
+            if not text:
+                return raw, end
+            try:
+                return raw.decode(), end
+            except UnicodeDecodeError:
+                raise WireDecodeError(f"string at offset {start} is not UTF-8") from None
+        return decode
 
 
 STR = Str()
@@ -179,6 +220,17 @@ class Struct(Type):
             v, pos = f.decode(buf, pos, width)
             out.append(v)
         return tuple(out), pos
+
+    def decoder(self, width: int) -> Decoder:
+        fields = [f.decoder(width) for f in self.fields]
+
+        def decode(buf: memoryview, pos: int) -> tuple[Any, int]:
+            out = []
+            for f in fields:
+                v, pos = f(buf, pos)
+                out.append(v)
+            return tuple(out), pos
+        return decode
 
 
 class Trivial(Struct):
@@ -368,6 +420,7 @@ class Message:
         self.hash = type_hash(self.literal)
         self._prologues = {w: struct.pack("<IB", self.hash, _HAS_LITERAL | (i << 3)) + self.literal + b"\x00"
                            for i, w in enumerate(_WIDTHS)}
+        self._decoders = {w: t.decoder(w) for w in _WIDTHS}
 
     def prologue(self, width: int) -> bytes:
         return self._prologues[width]
@@ -406,14 +459,14 @@ class Message:
         if meta & _HAS_LITERAL:
             n = len(self.literal)
             _need(body, pos, n + 1)
-            if bytes(body[pos:pos + n]) != self.literal or body[pos + n] != 0:
+            if body[pos:pos + n] != self.literal or body[pos + n] != 0:
                 raise WireDecodeError("type literal does not match this call's")
             pos += n + 1
         return pos, width
 
     def decode(self, body: memoryview) -> Any:
         pos, width = self.body_start(body)
-        value, pos = self.type.decode(body, pos, width)
+        value, pos = self._decoders[width](body, pos)
         if pos != len(body):
             raise WireDecodeError(f"{len(body) - pos} bytes left over after the payload")
         return value

@@ -186,3 +186,15 @@ def test_out_of_range_values_are_refused_with_invalid_params(mounted: WireClient
     assert mounted.call("MountSegment", (far, CLIENT)) == Err(ErrorCode.INVALID_PARAMS)
     assert master.object_count() == 0
     master.verify()
+
+
+def test_the_single_key_fast_encoding_is_byte_for_byte_the_generic_one(master: MasterService) -> None:
+    handlers = MasterHandlers(master)
+    master.mount_segment("127.0.0.1:1", endpoint="127.0.0.1:1", client_id="1-2", base=BASE, size=SIZE)
+    descs = master.put_start("k", 100, client_id="1-2")
+    for status, ttl, rpc in ((2, None, "PutStart"), (3, TTL_MS, "GetReplicaList")):
+        fast = handlers._replica_list_body(descs, status, ttl)
+        assert fast is not None
+        value = [handlers._descriptor(d, status) for d in descs]
+        generic = RPCS[rpc].response.encode(value if ttl is None else (value, ttl, None))
+        assert RPCS[rpc].response.prologue(fast.width) + bytes(fast.payload) == generic
