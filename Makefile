@@ -2,7 +2,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test soak fuzz bench clean
+.PHONY: demo test soak fuzz bench failover clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,3 +37,6 @@ bench: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) .hypothesis .pytest_cache
+
+failover: $(VENV)/.installed  # N kill -9 and SIGTERM failovers of serve beside the wheel's master in HA mode
+	$(BIN)/mooncake-columnar bench failover --objects 200 --trials $${TRIALS:-5} --json

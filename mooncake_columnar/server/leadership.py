@@ -19,7 +19,7 @@ from typing import Callable
 
 from ..clock import Clocks
 from ..config import MasterConfig
-from ..errors import MooncakeError
+from ..errors import MooncakeError, UnavailableInCurrentStatus
 from ..ha.leader import LeaderElection
 from ..ha.standby import StandbyService
 from ..ha.stores import EtcdOpLogStore
@@ -89,21 +89,27 @@ class Leadership:
                                   lease_ttl_s=LEADER_LEASE_TTL_S, clocks=self.clocks, on_lost=self.lost,
                                   timeout_s=ETCD_TIMEOUT_S)
         log.info("hot standby of cluster %s following the oplog (as %s)", self.cluster_id, self.candidate_id)
+        won = False
         try:
             while not self._stop.is_set():
                 if election.current_leader() is None and election.campaign():
+                    won = True
+                    # renew at once: stopping the follower may wait for a poll replaying the whole
+                    # log, longer than the lease lasts unrenewed
+                    election.start(interval_s=LEADER_LEASE_TTL_S / 4)
                     break
                 self._stop.wait(CAMPAIGN_INTERVAL_S)
-            else:
-                return
         finally:
             standby.stop()
+        if not won:
+            return
         self._lost.clear()
         self.election = election
-        election.start(interval_s=LEADER_LEASE_TTL_S / 4)
         t0 = time.perf_counter()
         try:
             master = standby.promote(PROMOTION_TIMEOUT_S, view=election.view_version)
+            if not election.lease_valid():
+                raise UnavailableInCurrentStatus("the lease ran out during the promotion")
         except MooncakeError:
             election.stop()
             election.resign()

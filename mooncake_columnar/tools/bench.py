@@ -21,6 +21,7 @@ from ..schema import OBJECT_COLUMNS, REPLICA_COLUMNS
 from ..store.keys import as_string_array, string_buffers
 from .bench_oplog import bench_oplog
 from .bench_endtoend import bench_endtoend
+from .bench_failover import bench_failover_area
 from .bench_server import bench_server
 from .bench_snapshot import bench_snapshot
 from .bench_startup import bench_startup
@@ -521,4 +522,4 @@ def bench_remount(objects: int, *, segments: int = 1, replicas: int = 1, show_pr
 AREAS: dict[str, Callable[..., dict]] = {"core": bench_core, "evict": bench_evict, "remount": bench_remount,
                                           "oplog": bench_oplog, "snapshot": bench_snapshot,
                                           "startup": bench_startup, "endtoend": bench_endtoend,
-                                          "server": bench_server}
+                                          "server": bench_server, "failover": bench_failover_area}

@@ -10,7 +10,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import AREAS
     fn = AREAS[args.area]
     from .progress import wanted
-    result = fn(args.objects, segments=args.segments, replicas=args.replicas, show_progress=wanted(args.progress))
+    extra = {"trials": args.trials} if args.trials is not None else {}
+    result = fn(args.objects, segments=args.segments, replicas=args.replicas, show_progress=wanted(args.progress),
+                **extra)
     if args.json:
         print(json.dumps(result))
     else:
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--objects", type=int, default=1_000_000)
     b.add_argument("--segments", type=int, default=4)
     b.add_argument("--replicas", type=int, default=1)
+    b.add_argument("--trials", type=int, default=None, help="failover: failovers per kind (default 2)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--progress", action="store_true", help="show progress on stderr (default: when it is a terminal)")
     b.set_defaults(func=_cmd_bench)
