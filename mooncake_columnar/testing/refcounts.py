@@ -7,6 +7,8 @@ cores, loaded from the Numba cache as machine code) are not part of its IR.
 """
 from __future__ import annotations
 
+from .graphs import strongly_connected_components
+
 import re
 
 from numba import njit
@@ -33,44 +35,11 @@ def _blocks(body: str) -> dict[str, list[str]]:
 
 def _cyclic(succ: dict[str, set[str]]) -> set[str]:
     """Blocks on some cycle: members of a strongly connected component of two or more blocks, or
-    with an edge to themselves (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
+    with an edge to themselves."""
     out: set[str] = set()
-    for root in succ:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(succ[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(sorted(succ[w]))))
-                elif w in on_stack:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1 or v in succ[v]:
-                    out.update(comp)
+    for comp in strongly_connected_components(succ):
+        if len(comp) > 1 or comp[0] in succ[comp[0]]:
+            out.update(comp)
     return out
 
 

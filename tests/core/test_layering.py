@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from mooncake_columnar.testing.graphs import strongly_connected_components
+
 PACKAGE = "mooncake_columnar"
 ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 
@@ -162,45 +164,8 @@ def package_sources(root: Path = ROOT) -> dict[str, tuple[str, bool]]:
 
 
 def strongly_connected(adj: dict[str, set[str]]) -> list[set[str]]:
-    """Components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[set[str]] = []
-    for start in sorted(adj):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(adj[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            v, children = work[-1]
-            w = next(children, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(sorted(adj[w]))))
-                elif w in on_stack:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = set()
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp.add(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    out.append(comp)
-    return out
+    """Components of more than one module."""
+    return [set(c) for c in strongly_connected_components(adj) if len(c) > 1]
 
 
 def _short(module: str) -> str:
