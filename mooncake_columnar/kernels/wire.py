@@ -95,38 +95,22 @@ def decode_object_metas(buf, pos, n, width):
 
 
 @njit(cache=True)
-def encode_expected_voids(codes, width):
-    """vector<expected<void, ErrorCode>> payload: per item 0x01, or 0x00 and the int32 code."""
+def encode_expected_results(codes, found, with_bool, width):
+    """vector<expected<void, ErrorCode>> payload (``with_bool`` False), or vector<expected<bool,
+    ErrorCode>> with the bools in ``found``: per item 0x01 (and the bool), or 0x00 and the int32 code."""
     n = codes.shape[0]
+    ok_size = 2 if with_bool else 1
     size = width
     for i in range(n):
-        size += 1 if codes[i] == 0 else 5
+        size += ok_size if codes[i] == 0 else 5
     out = np.empty(size, np.uint8)
     p = _write_uint(out, 0, n, width)
     for i in range(n):
         if codes[i] == 0:
             out[p] = 1
-            p += 1
-        else:
-            out[p] = 0
-            p = _write_uint(out, p + 1, np.uint32(np.int64(codes[i]) & 0xFFFFFFFF), 4)
-    return out
-
-
-@njit(cache=True)
-def encode_expected_bools(codes, values, width):
-    """vector<expected<bool, ErrorCode>> payload: per item 0x01 and the bool, or 0x00 and the code."""
-    n = codes.shape[0]
-    size = width
-    for i in range(n):
-        size += 2 if codes[i] == 0 else 5
-    out = np.empty(size, np.uint8)
-    p = _write_uint(out, 0, n, width)
-    for i in range(n):
-        if codes[i] == 0:
-            out[p] = 1
-            out[p + 1] = 1 if values[i] else 0
-            p += 2
+            if with_bool:
+                out[p + 1] = 1 if found[i] else 0
+            p += ok_size
         else:
             out[p] = 0
             p = _write_uint(out, p + 1, np.uint32(np.int64(codes[i]) & 0xFFFFFFFF), 4)

@@ -35,6 +35,7 @@ _CLIENT_STATUS = {PingStatus.OK: 1, PingStatus.NEED_REMOUNT: 2}  # upstream Clie
 _REPLICA_TYPE_MEMORY, _REPLICA_TYPE_ALL = 0, 4  # upstream ReplicaType: the types a memory put ends
 _U63 = (1 << 63) - 1
 _COMPLETE, _PROCESSING = int(ReplicaStatus.COMPLETE), int(ReplicaStatus.PROCESSING)
+_NO_BOOLS = np.zeros(0, np.bool_)
 
 
 @dataclass(frozen=True)
@@ -266,8 +267,8 @@ class MasterHandlers:
     def _BatchExistKey(self, args: tuple) -> RawBody:
         keys, tenant = args
         found = self.master.batch_exist_key(key_array(keys), self._tenant(tenant))
-        return RawBody(width_for(len(keys)), wk.encode_expected_bools(np.zeros(len(keys), np.int32), found,
-                                                                      width_for(len(keys))))
+        width = width_for(len(keys))
+        return RawBody(width, wk.encode_expected_results(np.zeros(len(keys), np.int32), found, True, width))
 
     # ---------------------------------------------------------------------- removal
     def _Remove(self, args: tuple) -> None:
@@ -314,7 +315,7 @@ class MasterHandlers:
 
 def _voids(codes: np.ndarray) -> RawBody:
     width = width_for(codes.size)
-    return RawBody(width, wk.encode_expected_voids(np.asarray(codes, np.int32), width))
+    return RawBody(width, wk.encode_expected_results(np.asarray(codes, np.int32), _NO_BOOLS, False, width))
 
 
 def error_response(rpc: Rpc, args: Any, code: int) -> Any:
@@ -325,7 +326,7 @@ def error_response(rpc: Rpc, args: Any, code: int) -> Any:
     if isinstance(t, Vec):  # a batch: the same error for each of its keys (five bytes whatever the value type)
         n = _batch_size(args)
         width = width_for(n)
-        return RawBody(width, wk.encode_expected_voids(np.full(n, code, np.int32), width))
+        return RawBody(width, wk.encode_expected_results(np.full(n, code, np.int32), _NO_BOOLS, False, width))
     return 0  # RemoveAll: a bare count, no error on the wire
 
 
