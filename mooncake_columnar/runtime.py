@@ -24,8 +24,8 @@ fills and the README names; where that cannot be created, to a private temporary
 and reads it at decoration time, so it is set before any kernel module is imported; an explicit
 ``NUMBA_CACHE_DIR`` wins.
 
-A cache left by an older version of the package can name a type that no longer exists (session
-12 replaced the single read's StructRef of columns by a column table). Numba unpickles a
+A cache left by an older version of the package can name a type that no longer exists (the
+single read's StructRef of columns, since replaced by a column table). Numba unpickles a
 kernel's whole cache index before it checks that the index is stale, so such an entry raised
 AttributeError at the kernel's first call after an upgrade (numba/numba#6018, #10434). An index
 that cannot be unpickled is treated here as the stale index it is: the kernel compiles and

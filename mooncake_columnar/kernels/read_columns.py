@@ -1,7 +1,7 @@
 """The columns the single-key read kernel reads, handed over as one integer.
 
 A compiled call unboxes each argument: a NumPy array costs about 0.2 us, and one StructRef
-holding the columns (what this module built until session 12) cost about 0.3 us plus a
+holding the columns (what this module built before) cost about 0.3 us plus a
 reference count in and out for each column the kernel took from it: 0.55 us of a 1.6 us read
 in cache. So the columns go over as the address of an int64 *column table*, (data address,
 rows, slots) per column, and the kernel views them (:func:`columns_at`, like ``numba.carray``): nothing to unbox,

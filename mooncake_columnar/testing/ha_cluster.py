@@ -76,7 +76,7 @@ def process_pid(obj: object) -> int:
 
 
 class _Process:
-    """A child process in its own session, its stdout and stderr appended to one log file."""
+    """A child process in its own process group, its stdout and stderr appended to one log file."""
 
     def __init__(self, name: str, log_dir: Path, env: Mapping[str, str] | None) -> None:
         self.name = name

@@ -117,8 +117,8 @@ def test_without_a_writable_cache_directory_the_import_still_works(read_only_pac
 
 
 def test_a_cache_index_naming_a_type_that_no_longer_exists_recompiles_instead_of_raising(tmp_path, monkeypatch):
-    """A cache left by an older version can name a type the package no longer has (session 12
-    removed the single read's StructRef type): the kernel's first call compiles, not raises."""
+    """A cache left by an older version can name a type the package no longer has (the single
+    read's StructRef type, since removed): the kernel's first call compiles, not raises."""
     import importlib.util
     import pickle
 

@@ -154,7 +154,7 @@ def rig() -> Iterator[Rig]:
                      uuids=[CLIENT, SEGMENT_ID, (0, 0), ((1 << 64) - 1, (1 << 64) - 1)])
     r = Rig(master, clocks, server, thread, observer, record_loop_errors(thread.loop), ServerErrorLog(), _templates(),
             pool, [f.frame for f in captured])
-    # the captured session, unmutated, first: every call of it is served
+    # the captured exchange, unmutated, first: every call of it is served
     stream = b"".join(r.frames)
     problem = check_exchange(exchange(thread.port, stream), expected_responses(stream, MAX_BODY))
     assert problem is None, problem
