@@ -20,6 +20,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from ..clock import MonotonicClocks
+from ..compile_progress import compile_progress
 from ..errors import MooncakeError
 from ..ha.leader import LeaderElection
 from ..ha.writer import OpLogWriter
@@ -148,8 +149,9 @@ class MasterServer:
         self._loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         log.info("preparing the serving kernels (compiled once per machine, then loaded from the Numba cache)")
-        await asyncio.to_thread(warm_up_kernels)
-        await asyncio.to_thread(warm_up_wire)
+        with compile_progress(logger=log):
+            await asyncio.to_thread(warm_up_kernels)
+            await asyncio.to_thread(warm_up_wire)
         log.info("kernels ready in %.1f s", time.perf_counter() - t0)
         if o.enable_http_metadata_server:
             self._closers.append(await start_metadata_server(o.http_metadata_server_host,

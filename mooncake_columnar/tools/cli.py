@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..server.serve import main as serve_main
         return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command in ("demo", "warmup"):  # the commands a first run starts with: say what compiles
+        from ..compile_progress import compile_progress
+        with compile_progress():
+            return int(args.func(args))
     return int(args.func(args))
 
 

@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # no engine state: errors, clocks, constants and column schemas, settings, messages, argument
     # checks, the lock, metrics, the background thread, process settings, memory and mmap helpers,
-    # the hook the serving-path warm-up registers in
+    # the hook the serving-path warm-up registers in, the report of the one-time kernel compilation
     ("foundation", ("errors", "clock", "schema", "config", "messages", "validation", "locking", "metrics",
-                    "background", "runtime", "memory", "mapped", "warm_up_hook")),
+                    "background", "runtime", "memory", "mapped", "warm_up_hook", "compile_progress")),
     ("kernels", ("kernels",)),
     ("store", ("store",)),
     # decisions over the store, the journal contract they write to, the first put's helper fork
