@@ -8,8 +8,8 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install --progress-bar off --upgrade pip
+	$(BIN)/pip install --progress-bar off -e '.[test]'  # not -q: a first install takes a minute, shown line by line
 	touch $@
 
 demo: $(VENV)/.installed
