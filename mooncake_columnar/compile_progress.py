@@ -65,7 +65,7 @@ def compile_progress(stream: IO[str] | None = None, *, logger: logging.Logger | 
 
     def beat() -> None:
         nonlocal said_first
-        while not stop.wait(interval_s if said_first else 0.5):
+        while not stop.wait(interval_s if said_first else min(0.5, interval_s)):
             with listener.lock:
                 started, done, current = listener.started_at, listener.done, listener.current
             if started is None:

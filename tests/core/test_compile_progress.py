@@ -3,6 +3,7 @@ is reported while it compiles and when it is done; without a compile nothing is 
 from __future__ import annotations
 
 import io
+import threading
 import time
 
 import numba
@@ -19,7 +20,10 @@ def test_a_compile_is_reported_while_it_runs_and_when_done() -> None:
 
     with compile_progress(out, interval_s=0.05):
         slow_to_compile(1)
-        time.sleep(0.8)  # the reporting thread's first look comes half a second after the compile began
+        deadline = time.monotonic() + 5.0  # wait for the reporting thread's first look, not a fixed time
+        while not numba.config.DISABLE_JIT and "once per machine" not in out.getvalue():
+            assert time.monotonic() < deadline, "no report within 5 s of a compile"
+            threading.Event().wait(0.01)
     text = out.getvalue()
     if numba.config.DISABLE_JIT:
         assert text == ""
